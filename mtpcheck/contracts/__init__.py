@@ -1,0 +1,35 @@
+"""Pydantic contracts shared by the engine, the backends and the suite."""
+
+from .errors import BackendError, MtpCheckError, SpeculationUnavailableError
+from .models import (
+    Capabilities,
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    GenerationResult,
+    RoundTrace,
+    SamplingParams,
+    SpeculationReport,
+    SpeculationRequest,
+    StopEvent,
+    TextEvent,
+    TokenEvent,
+)
+
+__all__ = [
+    "BackendError",
+    "Capabilities",
+    "Event",
+    "FinishEvent",
+    "GenerationRequest",
+    "GenerationResult",
+    "MtpCheckError",
+    "RoundTrace",
+    "SamplingParams",
+    "SpeculationReport",
+    "SpeculationRequest",
+    "SpeculationUnavailableError",
+    "StopEvent",
+    "TextEvent",
+    "TokenEvent",
+]

@@ -1,0 +1,227 @@
+"""The wire contracts every backend speaks: requests, results, reports, traces.
+
+Models forbid unknown keys so that a malformed request fails at once with a
+message naming the field (seed 001: "a malformed block raises immediately
+rather than becoming a silent no-op").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingParams(_Strict):
+    """Sampling controls. Processing order (engine/sampling.py): logit bias,
+    penalties, temperature, top-k, top-p, min-p; temperature 0 is greedy."""
+
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy (argmax, lowest id on ties)")
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+    def speculation_blockers(self) -> list[str]:
+        """Controls that speculation cannot honour here (seed 001): non-neutral
+        penalties and logit bias need target-only decoding."""
+        out = []
+        if self.repetition_penalty not in (None, 1.0):
+            out.append("repetition_penalty")
+        if self.presence_penalty not in (None, 0.0):
+            out.append("presence_penalty")
+        if self.frequency_penalty not in (None, 0.0):
+            out.append("frequency_penalty")
+        if self.logit_bias:
+            out.append("logit_bias")
+        return out
+
+
+class SpeculationRequest(_Strict):
+    """The request block of seed 001. `True`/`False` are shorthands for
+    `{"mode": "native_mtp"}` / `{"mode": "off"}`."""
+
+    mode: Literal["native_mtp", "off"] = "native_mtp"
+    drafter: str | None = Field(None, description="'mtp' (embedded heads), 'assistant', or a path")
+    num_draft_tokens: int | None = Field(None, ge=1, description="proposals per round, seed token excluded")
+    require_acceleration: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if value is True:
+            return {"mode": "native_mtp"}
+        if value is False:
+            return {"mode": "off"}
+        return value
+
+    @classmethod
+    def coerce(cls, value: SpeculationRequest | bool | dict | None) -> SpeculationRequest | None:
+        if value is None or isinstance(value, SpeculationRequest):
+            return value
+        return cls.model_validate(value)
+
+
+class GenerationRequest(_Strict):
+    prompt_tokens: list[Annotated[int, Field(ge=0)]] = Field(..., min_length=1)
+    max_tokens: int = Field(64, ge=1)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    stop_token_ids: list[int] | None = Field(None, description="None: the backend's EOS ids")
+    speculation: SpeculationRequest | None = Field(None, description="None: the backend's loaded default")
+    trace: bool = Field(False, description="ask for a per-round RoundTrace (white-box checks)")
+    logprobs: bool = True
+
+    @field_validator("speculation", mode="before")
+    @classmethod
+    def _spec_shorthand(cls, value: Any) -> Any:
+        return SpeculationRequest.coerce(value)
+
+
+SpeculationReason = Literal[
+    "not_requested",
+    "sampling_control_unsupported",
+    "drafter_unavailable",
+    "depth_exceeds_capability",
+    "adaptive_disabled",
+]
+
+
+class SpeculationReport(_Strict):
+    """What actually ran (seed 001's `metadata["speculation"]`)."""
+
+    requested: bool
+    used: bool
+    mode: Literal["native_mtp", "off"]
+    drafter: str | None = None
+    num_draft_tokens: int = 0
+    draft_kind: Literal["mtp", "assistant"] | None = None
+    runtime: str
+    acceptance_rule: str | None = None
+    reason: SpeculationReason | None = Field(None, description="named reason whenever used is False")
+    message: str | None = Field(None, description="human words whenever used is False")
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accept_lens: list[int] = Field(default_factory=list, description="accepted proposals per round")
+    draft_lens: list[int] = Field(default_factory=list, description="proposals per round")
+    acceptance_rate: float | None = None
+    bonus_tokens: int = 0
+    corrections: int = 0
+    lookahead_drafted: int = 0
+    lookahead_consumed_as_bonus: int = 0
+    lookahead_reused: int = 0
+    lookahead_discarded: int = 0
+    bonus_matches: int = 0
+    bonus_mismatches: int = 0
+    adaptive_disabled: bool = False
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+
+class RoundTrace(_Strict):
+    """One round, white-box: enough to re-derive every decision.
+
+    Probability vectors are the *processed* distributions, float64, length V.
+    Positions are logical positions in prompt + output."""
+
+    round: int
+    position: int = Field(..., description="logical position of the first proposal")
+    pending_token: int = Field(..., description="uncached input that leads verification")
+    proposals: list[int]
+    draft_probs: list[list[float]] = Field(..., description="[k][V] law each proposal was drawn from")
+    target_probs: list[list[float]] = Field(..., description="[k+1][V] target law at each position")
+    draft_uniforms: list[float]
+    accept_uniforms: list[float]
+    target_uniform: float | None = Field(None, description="uniform of the correction / bonus draw")
+    accepted: int
+    next_token: int | None = Field(None, description="correction or bonus; None if the block was cut")
+    next_kind: Literal["correction", "bonus", "none"]
+    next_law: list[float] | None = Field(None, description="[V] law the next token was drawn from")
+    committed: list[int] = Field(..., description="tokens committed this round, after stop/budget cuts")
+    target_len_before: int
+    target_len_after: int
+    draft_len_before: int
+    draft_len_after: int
+    sampler_digest_before: str
+    sampler_digest_after: str
+    events: list[int] = Field(default_factory=list, description="indices of events published this round")
+
+
+class TokenEvent(_Strict):
+    kind: Literal["token"] = "token"
+    index: int
+    token: int
+    logprob: float | None = None
+
+
+class TextEvent(_Strict):
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class StopEvent(_Strict):
+    kind: Literal["stop"] = "stop"
+    matched: str = Field(..., description="'eos:<id>' or the stop string")
+
+
+class FinishEvent(_Strict):
+    kind: Literal["finish"] = "finish"
+    reason: Literal["stop", "length"]
+
+
+Event = Annotated[TokenEvent | TextEvent | StopEvent | FinishEvent, Field(discriminator="kind")]
+
+
+class GenerationResult(_Strict):
+    tokens: list[int]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: list[float] | None = None
+    events: list[Event] = Field(default_factory=list)
+    speculation: SpeculationReport
+    trace: list[RoundTrace] | None = None
+    seed: int | None = Field(None, description="the seed actually used")
+
+
+class Capabilities(_Strict):
+    """What a backend declares. A missing capability turns the clauses that
+    need it into skips naming it, never into passes."""
+
+    name: str
+    version: str
+    vocab_size: int = Field(..., ge=2)
+    eos_token_ids: list[int] = Field(default_factory=list)
+    mtp_kinds: list[Literal["embedded", "assistant"]] = Field(default_factory=list)
+    max_depth: int = Field(0, ge=0)
+    acceptance_rule: Literal["rejection", "exact_match", "unknown"] = "unknown"
+    seeded_determinism: bool = False
+    position_addressed_target_sampling: bool = False
+    speculative_sampling_controls: list[str] = Field(
+        default_factory=lambda: ["temperature"], description="controls honoured with speculation on"
+    )
+    target_distributions: bool = False
+    traces: bool = False
+    text: bool = False
+    scheduler: bool = False
+    lookahead: bool = False
+    notes: str = ""
+
+
+SCHEMA_MODELS: dict[str, type[BaseModel]] = {
+    "SamplingParams": SamplingParams,
+    "SpeculationRequest": SpeculationRequest,
+    "GenerationRequest": GenerationRequest,
+    "GenerationResult": GenerationResult,
+    "SpeculationReport": SpeculationReport,
+    "RoundTrace": RoundTrace,
+    "Capabilities": Capabilities,
+}
