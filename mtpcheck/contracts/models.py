@@ -7,9 +7,16 @@ rather than becoming a silent no-op").
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def history_digest(tokens: list[int]) -> str:
+    """Digest of a committed token history: the sampler state of a history-
+    derived sampler. Traces report it; the suite recomputes it."""
+    return hashlib.blake2b(",".join(map(str, tokens)).encode(), digest_size=8).hexdigest()
 
 
 class _Strict(BaseModel):

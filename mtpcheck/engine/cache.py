@@ -62,25 +62,24 @@ class RecurrentCache:
         self.checkpoints: dict[int, mx.array | None] = {}
 
     def record(self, states: list[mx.array]) -> None:
-        """states[t] is the state after input t of a forward that started at self.length."""
+        """states[t] is the state after input t of a forward that started at self.length.
+        Checkpoints accumulate until the next trim_to, which marks a commit."""
         start = self.length
-        self.checkpoints = {start: self.state}
+        self.checkpoints[start] = self.state
         for t, s in enumerate(states):
             self.checkpoints[start + t + 1] = s
         self.state = states[-1]
         self.length = start + len(states)
 
     def trim_to(self, length: int) -> None:
-        if length == self.length:
-            return
-        if length not in self.checkpoints:
+        if length != self.length and length not in self.checkpoints:
             raise RollbackError(
                 f"recurrent state at length {self.length} has no checkpoint for {length} "
                 f"(has {sorted(self.checkpoints)})"
             )
-        self.state = self.checkpoints[length]
+        self.state = self.checkpoints.get(length, self.state)
         self.length = length
-        self.checkpoints = {k: v for k, v in self.checkpoints.items() if k <= length}
+        self.checkpoints = {length: self.state}  # the committed boundary only moves forward
 
     def contents(self) -> list[mx.array]:
         return [] if self.state is None else [self.state]

@@ -1,0 +1,43 @@
+"""The Backend protocol every runtime under test implements.
+
+Small surface, richer capabilities optional: a capability a backend does not
+declare turns the clauses that need it into skips that name it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
+
+
+@runtime_checkable
+class Backend(Protocol):
+    def capabilities(self) -> Capabilities:
+        """What this runtime can do; read once per session."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """One request, speculation on or off as the request says, on the
+        same loaded runtime every call (seed 001, "Comparing fairly")."""
+        ...
+
+    def target_distributions(
+        self, prompt: list[int], continuation: list[int], sampling: SamplingParams
+    ) -> np.ndarray:
+        """Processed target law [len(continuation), V], float64, speculation
+        off, teacher-forced: row i is the law of continuation[i] given
+        prompt + continuation[:i]. Ground truth for statistical clauses.
+        Backends without it raise NotImplementedError and declare
+        `target_distributions=False`."""
+        ...
+
+
+class TextBackend(Protocol):
+    """Optional: backends with a tokenizer (capability `text`)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, tokens: list[int]) -> str: ...

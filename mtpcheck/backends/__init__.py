@@ -1,0 +1,63 @@
+"""Backend selection, as in array-api-tests: a built-in name, an entry point
+in the group "mtpcheck.backends", or "package.module:factory". The factory
+is called with the --mtp-backend-option KEY=VALUE pairs as keyword strings."""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from mtpcheck.contracts import MtpCheckError
+
+BUILTINS: dict[str, str] = {
+    "mlx": "mtpcheck.backends.reference:load_reference",
+}
+ENTRY_POINT_GROUP = "mtpcheck.backends"
+
+
+class UnknownBackendError(MtpCheckError):
+    pass
+
+
+def known_backends() -> dict[str, str]:
+    found = dict(BUILTINS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def resolve_factory(name: str):
+    """Name -> factory callable; one-line errors that list the known names."""
+    known = known_backends()
+    target = known.get(name)
+    if target is None and ":" not in name:
+        raise UnknownBackendError(
+            f"unknown backend {name!r}; known: {', '.join(sorted(known))} (or use package.module:factory)"
+        )
+    module_name, _, attr = (target or name).partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownBackendError(f"backend {name!r}: cannot import {module_name!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownBackendError(f"backend {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def parse_options(pairs: list[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UnknownBackendError(f"backend option {pair!r} is not KEY=VALUE")
+        options[key.strip()] = value
+    return options
+
+
+def load_backend(name: str, options: dict[str, str] | None = None):
+    factory = resolve_factory(name)
+    try:
+        return factory(**(options or {}))
+    except TypeError as exc:
+        raise UnknownBackendError(f"backend {name!r} rejected its options {options or {}}: {exc}") from exc

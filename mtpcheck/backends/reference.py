@@ -1,0 +1,88 @@
+"""The reference engine as a backend (name "mlx")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mtpcheck import __version__
+from mtpcheck.contracts import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SpeculationRequest,
+)
+
+
+class ReferenceBackend:
+    """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
+    acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=PATH."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def capabilities(self) -> Capabilities:
+        e = self.engine
+        kinds = (["embedded"] if e.target.args.mtp_layers else []) + (["assistant"] if e.assistant else [])
+        from mtpcheck.engine.decode import MAX_DEPTH
+
+        return Capabilities(
+            name="mlx",
+            version=f"mtpcheck-reference {__version__}",
+            vocab_size=e.vocab_size,
+            eos_token_ids=list(e.eos_ids),
+            mtp_kinds=kinds,
+            max_depth=MAX_DEPTH,
+            acceptance_rule=e.rule.name,
+            seeded_determinism=True,
+            position_addressed_target_sampling=True,
+            speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed"],
+            target_distributions=True,
+            traces=True,
+            text=e.tokenizer is not None,
+            notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
+        )
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        return self.engine.generate(request)
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+        import mlx.core as mx
+
+        from mtpcheck.engine.sampling import process
+
+        if not continuation:
+            return np.zeros((0, self.engine.vocab_size))
+        seq = list(prompt) + list(continuation)
+        _, logits = self.engine.target(mx.array(seq[:-1])[None])  # [1, P+C-1, V]
+        rows = np.array(logits[0, len(prompt) - 1 :], dtype=np.float64)
+        return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))])
+
+    def encode(self, text: str) -> list[int]:
+        return self.engine.tokenizer.encode(text).ids
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.engine.decode_text(tokens)
+
+
+def load_reference(
+    acceptance: str = "rejection",
+    drafter: str = "mtp",
+    depth: int | str = 3,
+    fixture: str | Path | None = None,
+) -> ReferenceBackend:
+    from mtpcheck.engine.decode import Engine
+    from mtpcheck.fixture import load_fixture
+
+    target, assistant, tokenizer, meta = load_fixture(fixture)
+    engine = Engine(
+        target,
+        assistant,
+        tokenizer=tokenizer,
+        eos_ids=tuple(meta.get("eos_token_ids", [meta.get("eos_token_id", 0)])),
+        acceptance=acceptance,
+        default_speculation=SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth)),
+    )
+    return ReferenceBackend(engine)
