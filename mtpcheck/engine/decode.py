@@ -73,6 +73,28 @@ class Stats:
     verify_time: float = 0.0
 
 
+@dataclass
+class RequestState:
+    """Everything one request owns: the scheduler interleaves these."""
+
+    req: GenerationRequest
+    plan: Plan
+    seed: int
+    matcher: StopMatcher
+    out: OutputState
+    history: list[int]  # prompt + committed output; history[-1] is pending
+    cache: list
+    drafter: object | None
+    traces: list | None
+    observer: Callable[[Snapshot], None] | None = None
+    stats: Stats = field(default_factory=Stats)
+    round: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.out.finish_reason is not None
+
+
 class Engine:
     """The reference engine: one loaded target (+ head) and optional assistant,
     speculation on or off per call."""
@@ -133,98 +155,112 @@ class Engine:
 
     # -- generation -----------------------------------------------------------
     def generate(self, req: GenerationRequest, observer: Callable[[Snapshot], None] | None = None) -> GenerationResult:
+        state = self.start(req, observer)
+        while not state.done:
+            self.step(state)
+        return self.result(state)
+
+    def start(self, req: GenerationRequest, observer: Callable[[Snapshot], None] | None = None) -> RequestState:
+        """Plan, then prefill: the first token comes from the target alone."""
         plan = self.plan(req)
-        sp = req.sampling
-        seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(7), "little")
-        eos = self.eos_ids if req.stop_token_ids is None else tuple(req.stop_token_ids)
-        matcher = StopMatcher(self.decode_text if self.tokenizer else None, req.stop, eos)
         for t in req.prompt_tokens:
             if t >= self.vocab_size:
                 raise ValueError(f"prompt_tokens: token id {t} is outside the vocabulary (size {self.vocab_size})")
-        out = OutputState(prompt_len=len(req.prompt_tokens))
-        history = list(req.prompt_tokens)
-        cache = self.target.make_cache()
-        drafter = self.make_drafter(plan)
-        stats, traces = Stats(), [] if req.trace else None
-
-        # prefill: the first token comes from the target alone
-        hidden, logits = self.target(mx.array(history)[None], cache)
-        if drafter is not None:
-            drafter.observe(0, hidden[0])
-        p = process(np.array(logits[0, -1], dtype=np.float64), sp, history)
-        tok = sample(p, uniform(seed, STREAM_TARGET, len(history)))
-        commit_tokens(out, matcher, [tok], [_logprob(p, tok)], req.max_tokens)
-        history.append(tok)
+        sp = req.sampling
+        eos = self.eos_ids if req.stop_token_ids is None else tuple(req.stop_token_ids)
+        st = RequestState(
+            req=req,
+            plan=plan,
+            seed=sp.seed if sp.seed is not None else int.from_bytes(os.urandom(7), "little"),
+            matcher=StopMatcher(self.decode_text if self.tokenizer else None, req.stop, eos),
+            out=OutputState(prompt_len=len(req.prompt_tokens)),
+            history=list(req.prompt_tokens),
+            cache=self.target.make_cache(),
+            drafter=self.make_drafter(plan),
+            traces=[] if req.trace else None,
+            observer=observer,
+        )
+        hidden, logits = self.target(mx.array(st.history)[None], st.cache)
+        if st.drafter is not None:
+            st.drafter.observe(0, hidden[0])
+        p = process(np.array(logits[0, -1], dtype=np.float64), sp, st.history)
+        tok = sample(p, uniform(st.seed, STREAM_TARGET, len(st.history)))
+        commit_tokens(st.out, st.matcher, [tok], [_logprob(p, tok)], req.max_tokens)
+        st.history.append(tok)
         if observer:
-            observer(Snapshot(-1, list(history), cache, drafter, out))
+            observer(Snapshot(-1, list(st.history), st.cache, st.drafter, st.out))
+        return st
 
-        r = 0
-        while out.finish_reason is None:
-            n = cache_length(cache)  # == len(history) - 1; history[n] is pending
-            k = min(plan.depth, req.max_tokens - len(out.tokens) - 1) if plan.used else 0
-            draft_len_before = drafter.length if drafter else 0
-            digest_before = history_digest(history)
-            t0 = time.perf_counter()
-            block = drafter.draft(history, n, k, sp, seed) if k > 0 else _empty_block(n, self.vocab_size)
-            t1 = time.perf_counter()
-            verdict, ps, au, tu, hidden = self._verify(history, cache, block, sp, seed)
-            t2 = time.perf_counter()
+    def step(self, st: RequestState) -> None:
+        """One round: draft k, verify k+1 in one target pass, commit, roll back."""
+        req, sp, cache, drafter, history = st.req, st.req.sampling, st.cache, st.drafter, st.history
+        n = cache_length(cache)  # == len(history) - 1; history[n] is pending
+        k = min(st.plan.depth, req.max_tokens - len(st.out.tokens) - 1) if st.plan.used else 0
+        draft_len_before = drafter.length if drafter else 0
+        digest_before = history_digest(history)
+        t0 = time.perf_counter()
+        block = drafter.draft(history, n, k, sp, st.seed) if k > 0 else _empty_block(n, self.vocab_size)
+        t1 = time.perf_counter()
+        verdict, ps, au, tu, hidden = self._verify(history, cache, block, sp, st.seed)
+        t2 = time.perf_counter()
 
-            emitted = block.tokens[: verdict.accepted] + [verdict.next_token]
-            n_events = len(out.events)
-            c = commit_tokens(out, matcher, emitted, [_logprob(ps[j], t) for j, t in enumerate(emitted)], req.max_tokens)
-            history += emitted[:c]
-            trim_cache(cache, n + c)  # inputs x_n, d_1..d_{c-1} stay; the last emitted is pending
-            if drafter is not None:
-                drafter.after_verify(n, n + c, hidden)
+        emitted = block.tokens[: verdict.accepted] + [verdict.next_token]
+        n_events = len(st.out.events)
+        c = commit_tokens(st.out, st.matcher, emitted, [_logprob(ps[j], t) for j, t in enumerate(emitted)], req.max_tokens)
+        history += emitted[:c]
+        trim_cache(cache, n + c)  # inputs x_n, d_1..d_{c-1} stay; the last emitted is pending
+        if drafter is not None:
+            drafter.after_verify(n, n + c, hidden)
 
-            if plan.used:
-                stats.rounds += 1
-                stats.accept_lens.append(verdict.accepted)
-                stats.draft_lens.append(k)
-                stats.bonus += verdict.next_kind == "bonus" and c == len(emitted)
-                stats.corrections += verdict.next_kind == "correction" and c == len(emitted)
-                stats.draft_time += t1 - t0
-                stats.verify_time += t2 - t1
-            if traces is not None:
-                traces.append(
-                    RoundTrace(
-                        round=len(traces),
-                        position=n + 1,
-                        pending_token=history[n],
-                        proposals=block.tokens,
-                        draft_probs=block.probs.tolist(),
-                        target_probs=ps.tolist(),
-                        draft_uniforms=block.uniforms,
-                        accept_uniforms=au.tolist(),
-                        target_uniform=float(tu[verdict.accepted]),
-                        accepted=verdict.accepted,
-                        next_token=verdict.next_token,
-                        next_kind=verdict.next_kind,
-                        next_law=verdict.next_law.tolist(),
-                        committed=emitted[:c],
-                        target_len_before=n,
-                        target_len_after=cache_length(cache),
-                        draft_len_before=draft_len_before,
-                        draft_len_after=drafter.length if drafter else 0,
-                        sampler_digest_before=digest_before,
-                        sampler_digest_after=history_digest(history),
-                        events=list(range(n_events, len(out.events))),
-                    )
+        stats = st.stats
+        if st.plan.used:
+            stats.rounds += 1
+            stats.accept_lens.append(verdict.accepted)
+            stats.draft_lens.append(k)
+            stats.bonus += verdict.next_kind == "bonus" and c == len(emitted)
+            stats.corrections += verdict.next_kind == "correction" and c == len(emitted)
+            stats.draft_time += t1 - t0
+            stats.verify_time += t2 - t1
+        if st.traces is not None:
+            st.traces.append(
+                RoundTrace(
+                    round=len(st.traces),
+                    position=n + 1,
+                    pending_token=history[n],
+                    proposals=block.tokens,
+                    draft_probs=block.probs.tolist(),
+                    target_probs=ps.tolist(),
+                    draft_uniforms=block.uniforms,
+                    accept_uniforms=au.tolist(),
+                    target_uniform=float(tu[verdict.accepted]),
+                    accepted=verdict.accepted,
+                    next_token=verdict.next_token,
+                    next_kind=verdict.next_kind,
+                    next_law=verdict.next_law.tolist(),
+                    committed=emitted[:c],
+                    target_len_before=n,
+                    target_len_after=cache_length(cache),
+                    draft_len_before=draft_len_before,
+                    draft_len_after=drafter.length if drafter else 0,
+                    sampler_digest_before=digest_before,
+                    sampler_digest_after=history_digest(history),
+                    events=list(range(n_events, len(st.out.events))),
                 )
-            if observer:
-                observer(Snapshot(r, list(history), cache, drafter, out))
-            r += 1
+            )
+        if st.observer:
+            st.observer(Snapshot(st.round, list(history), cache, drafter, st.out))
+        st.round += 1
 
+    def result(self, st: RequestState) -> GenerationResult:
         return GenerationResult(
-            tokens=out.tokens,
-            text=out.text_published,
-            finish_reason=out.finish_reason,
-            logprobs=out.logprobs if req.logprobs else None,
-            events=out.events,
-            speculation=self._report(plan, stats),
-            trace=traces,
-            seed=seed,
+            tokens=st.out.tokens,
+            text=st.out.text_published,
+            finish_reason=st.out.finish_reason,
+            logprobs=st.out.logprobs if st.req.logprobs else None,
+            events=st.out.events,
+            speculation=self._report(st.plan, st.stats),
+            trace=st.traces,
+            seed=st.seed,
         )
 
     def _verify(self, history, cache, block: DraftBlock, sp, seed):
