@@ -11,6 +11,7 @@ from mtpcheck.contracts import MtpCheckError
 
 BUILTINS: dict[str, str] = {
     "mlx": "mtpcheck.backends.reference:load_reference",
+    "toy": "mtpcheck.backends.toy:load_toy",
 }
 ENTRY_POINT_GROUP = "mtpcheck.backends"
 

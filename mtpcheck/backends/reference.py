@@ -29,7 +29,7 @@ class ReferenceBackend:
         from mtpcheck.engine.decode import MAX_DEPTH
 
         return Capabilities(
-            name="mlx",
+            name=e.name,
             version=f"mtpcheck-reference {__version__}",
             vocab_size=e.vocab_size,
             eos_token_ids=list(e.eos_ids),
@@ -40,6 +40,7 @@ class ReferenceBackend:
             position_addressed_target_sampling=True,
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed"],
             target_distributions=True,
+            logprobs=True,
             traces=True,
             text=e.tokenizer is not None,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
@@ -76,7 +77,7 @@ def load_reference(
     from mtpcheck.engine.decode import Engine
     from mtpcheck.fixture import load_fixture
 
-    target, assistant, tokenizer, meta = load_fixture(fixture)
+    target, assistant, tokenizer, meta = load_fixture(fixture) if fixture else load_fixture()
     engine = Engine(
         target,
         assistant,

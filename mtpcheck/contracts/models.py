@@ -148,7 +148,7 @@ class RoundTrace(_Strict):
     target_probs: list[list[float]] = Field(..., description="[k+1][V] target law at each position")
     draft_uniforms: list[float]
     accept_uniforms: list[float]
-    target_uniform: float | None = Field(None, description="uniform of the correction / bonus draw")
+    target_uniforms: list[float] = Field(..., description="[k+1] target-stream uniforms at each position")
     accepted: int
     next_token: int | None = Field(None, description="correction or bonus; None if the block was cut")
     next_kind: Literal["correction", "bonus", "none"]
@@ -216,10 +216,12 @@ class Capabilities(_Strict):
         default_factory=lambda: ["temperature"], description="controls honoured with speculation on"
     )
     target_distributions: bool = False
+    logprobs: bool = False
     traces: bool = False
     text: bool = False
     scheduler: bool = False
     lookahead: bool = False
+    constraints: bool = False
     notes: str = ""
 
 

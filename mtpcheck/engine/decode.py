@@ -232,7 +232,7 @@ class Engine:
                     target_probs=ps.tolist(),
                     draft_uniforms=block.uniforms,
                     accept_uniforms=au.tolist(),
-                    target_uniform=float(tu[verdict.accepted]),
+                    target_uniforms=tu.tolist(),
                     accepted=verdict.accepted,
                     next_token=verdict.next_token,
                     next_kind=verdict.next_kind,

@@ -1,0 +1,257 @@
+"""The suite's logic, as plain functions over results, traces and laws.
+
+Each `*_problems` function returns a list of human-readable problems; empty
+means the clause holds. Suite tests assert on them; downstream suites can
+call them directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from mtpcheck.contracts import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TokenEvent,
+)
+from mtpcheck.contracts.models import history_digest
+
+LAW_ATOL = 1e-9  # traced laws are float64; recomputation differs only by rounding
+NEAR_TIE_EPS = 1e-3  # greedy divergences excused only below this top-2 probability margin (T=1)
+
+CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
+    "speculation": lambda c: bool(c.mtp_kinds) and c.max_depth >= 1,
+    "target_distributions": lambda c: c.target_distributions,
+    "traces": lambda c: c.traces,
+    "logprobs": lambda c: c.logprobs,
+    "text": lambda c: c.text,
+    "seeded_determinism": lambda c: c.seeded_determinism,
+    "position_addressed_target_sampling": lambda c: c.position_addressed_target_sampling,
+    "exact_match": lambda c: c.acceptance_rule == "exact_match",
+    "rejection": lambda c: c.acceptance_rule == "rejection",
+    "scheduler": lambda c: c.scheduler,
+    "lookahead": lambda c: c.lookahead,
+    "constraints": lambda c: c.constraints,
+    "inspection": lambda c: True,
+}
+
+
+def missing_capabilities(caps: Capabilities, needed: list[str]) -> list[str]:
+    unknown = [n for n in needed if n not in CAPABILITIES]
+    if unknown:
+        raise ValueError(f"unknown capability names {unknown}; known: {sorted(CAPABILITIES)}")
+    return sorted({n for n in needed if not CAPABILITIES[n](caps)})
+
+
+def fixture_prompts(backend) -> dict[str, list[int]]:
+    """Fixture prompts for this backend: the shipped texts through its own
+    tokenizer when it has one, else fixed pseudo-random ids in its vocabulary."""
+    from mtpcheck.fixture import PROMPT_VARIANTS
+
+    caps = backend.capabilities()
+    inner = getattr(backend, "backend", backend)
+    if caps.text and hasattr(inner, "encode"):
+        return {f"{kind}{i}": inner.encode(text) for kind, texts in PROMPT_VARIANTS.items() for i, text in enumerate(texts)}
+    rng = np.random.default_rng(0)
+    return {f"ids{i}": rng.integers(0, caps.vocab_size, size=12).tolist() for i in range(4)}
+
+
+# -- statistics of the report ------------------------------------------------
+
+
+def stats_problems(res: GenerationResult, req: GenerationRequest) -> list[str]:
+    s = res.speculation
+    out = []
+    if not s.used:
+        if s.rounds or s.drafted or s.accepted:
+            out.append(f"used=False but rounds={s.rounds}, drafted={s.drafted}, accepted={s.accepted}")
+        return out
+    if not (s.rounds == len(s.accept_lens) == len(s.draft_lens)):
+        out.append(f"rounds={s.rounds}, {len(s.accept_lens)} accept_lens, {len(s.draft_lens)} draft_lens")
+    if s.drafted != sum(s.draft_lens):
+        out.append(f"drafted={s.drafted} != sum(draft_lens)={sum(s.draft_lens)}")
+    if s.accepted != sum(s.accept_lens):
+        out.append(f"accepted={s.accepted} != sum(accept_lens)={sum(s.accept_lens)}")
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        if not 0 <= a <= d <= max(s.num_draft_tokens, 0):
+            out.append(f"round {r}: accepted {a}, drafted {d}, depth {s.num_draft_tokens}")
+    if s.drafted and (s.acceptance_rate is None or abs(s.acceptance_rate - s.accepted / s.drafted) > 1e-9):
+        out.append(f"acceptance_rate={s.acceptance_rate} != accepted/drafted={s.accepted / s.drafted:.6f}")
+    if s.rounds:
+        full = 1 + s.accepted + s.rounds  # the prefill token, accepted proposals, one correction/bonus per round
+        cut = full - len(res.tokens)
+        last = s.accept_lens[-1] if s.accept_lens else 0
+        if not 0 <= cut <= last:
+            out.append(
+                f"{len(res.tokens)} tokens emitted but statistics imply {full} "
+                f"(1 + accepted {s.accepted} + rounds {s.rounds}); only the last block may be cut"
+            )
+        elif cut and res.finish_reason != "stop" and len(res.tokens) != req.max_tokens:
+            out.append(f"the last block was cut by {cut} without a stop or the budget")
+    if s.bonus_tokens > s.rounds:
+        out.append(f"bonus_tokens={s.bonus_tokens} > rounds={s.rounds}")
+    return out
+
+
+# -- traces ------------------------------------------------------------------
+
+
+def _sample(law: np.ndarray, u: float) -> int:
+    from mtpcheck.engine.sampling import sample
+
+    return sample(law, u)
+
+
+def _is_law(v: np.ndarray) -> bool:
+    return v.ndim == 1 and bool(np.all(v >= 0)) and abs(v.sum() - 1.0) < 1e-6
+
+
+def filter_problems(law: np.ndarray, sp: SamplingParams) -> list[str]:
+    """Support constraints every processed law must satisfy (both sides).
+    top-p leaves no trace on a renormalised law by itself: the target side is
+    checked against target_distributions instead."""
+    nz = np.flatnonzero(law > 0)
+    out = []
+    if sp.temperature == 0.0 and len(nz) != 1:
+        out.append(f"temperature 0 but {len(nz)} tokens have mass")
+    if sp.top_k is not None and len(nz) > sp.top_k:
+        out.append(f"top_k={sp.top_k} but {len(nz)} tokens have mass")
+    if sp.min_p and law.max() > 0 and (law[nz] < sp.min_p * law.max() - 1e-12).any():
+        out.append(f"min_p={sp.min_p} but a kept token is below min_p * max")
+    return out
+
+
+def trace_problems(
+    res: GenerationResult,
+    req: GenerationRequest,
+    rule_name: str,
+    ground_truth: np.ndarray | None = None,
+) -> dict[str, list[str]]:
+    """Re-derive every round. Keys are clause ids. `ground_truth` is the
+    teacher-forced target law of every emitted token ([len(tokens), V])."""
+    from mtpcheck.engine.acceptance import get_rule
+
+    rule = get_rule(rule_name)
+    sp = req.sampling
+    P = len(req.prompt_tokens)
+    accept, law, rollback, bonus = [], [], [], []
+    committed = 1  # the prefill token precedes round 0
+    prev = None
+    for t in res.trace or []:
+        tag = f"round {t.round}"
+        k = len(t.proposals)
+        ps = np.array(t.target_probs, dtype=np.float64)  # [k+1, V]
+        qs = np.array(t.draft_probs, dtype=np.float64).reshape(k, ps.shape[-1])  # [k, V]
+        au, tu = np.array(t.accept_uniforms), np.array(t.target_uniforms)
+        if ps.shape[0] != k + 1 or qs.shape[0] != k or len(t.draft_uniforms) != k or len(tu) != k + 1:
+            accept.append(f"{tag}: trace shapes disagree with {k} proposals")
+            continue
+        # -- TRACE-ACCEPT: laws, proposals and decisions
+        for j in range(k):
+            if not _is_law(qs[j]) or not _is_law(ps[j]):
+                accept.append(f"{tag}: position {j} carries a law that does not sum to 1")
+            elif _sample(qs[j], t.draft_uniforms[j]) != t.proposals[j]:
+                accept.append(f"{tag}: proposal {j} ({t.proposals[j]}) is not the draft law's sample at its uniform "
+                              f"(got {_sample(qs[j], t.draft_uniforms[j])}): q is not the law it was drawn from")
+            accept += [f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp)]
+        for j in range(k + 1):
+            accept += [f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp)]
+        if ground_truth is not None:
+            for j in range(min(len(t.committed), k + 1)):
+                row = committed + j
+                if row < len(ground_truth) and np.max(np.abs(ground_truth[row] - ps[j])) > 1e-4:
+                    accept.append(f"{tag}: target law at position {j} differs from the teacher-forced target law "
+                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} (one-sided processing?)")
+        if len(au) != k and rule_name == "rejection":
+            accept.append(f"{tag}: {len(au)} acceptance uniforms for {k} proposals")
+            continue
+        au_full = np.concatenate([au, np.zeros(max(0, k - len(au)))])
+        v = rule.verify(ps, qs, t.proposals, au_full, tu)
+        if v.accepted != t.accepted:
+            accept.append(f"{tag}: {t.accepted} proposals accepted, the {rule_name} rule accepts {v.accepted}")
+            continue
+        # -- TRACE-RESIDUAL-BONUS
+        kind = "bonus" if t.accepted == k else "correction"
+        if t.next_kind != kind:
+            law.append(f"{tag}: next token is a {t.next_kind}, expected a {kind} after {t.accepted}/{k} accepted")
+        if t.next_law is None or np.max(np.abs(np.array(t.next_law) - v.next_law)) > LAW_ATOL:
+            law.append(f"{tag}: the {kind} was drawn from the wrong law "
+                       f"(max error {np.max(np.abs(np.array(t.next_law or 0) - v.next_law)):.3g})")
+        if t.next_token != v.next_token:
+            law.append(f"{tag}: {kind} token {t.next_token}, the law's sample at its uniform is {v.next_token}")
+        emitted = t.proposals[: t.accepted] + [t.next_token]
+        if t.committed != emitted[: len(t.committed)] or not t.committed:
+            rollback.append(f"{tag}: committed {t.committed} is not a non-empty prefix of the emitted {emitted}")
+        # -- TRACE-ROLLBACK
+        n = P + committed - 1
+        if t.target_len_before != n:
+            rollback.append(f"{tag}: target cache length {t.target_len_before} before the round, expected {n}")
+        if t.position != t.target_len_before + 1:
+            rollback.append(f"{tag}: first proposal at position {t.position}, expected {t.target_len_before + 1}")
+        if t.target_len_after != n + len(t.committed):
+            rollback.append(f"{tag}: target cache length {t.target_len_after} after, expected {n + len(t.committed)} "
+                            f"(the last emitted token must stay pending)")
+        if t.draft_len_after > t.target_len_after:
+            rollback.append(f"{tag}: draft cache {t.draft_len_after} longer than the target's {t.target_len_after}")
+        hist = req.prompt_tokens + res.tokens[: committed + len(t.committed)]
+        if t.sampler_digest_after != history_digest(hist):
+            rollback.append(f"{tag}: sampler state after the round is not that of the committed history")
+        if t.sampler_digest_before != history_digest(req.prompt_tokens + res.tokens[:committed]):
+            rollback.append(f"{tag}: sampler state before the round is not that of the committed history")
+        token_events = [res.events[i] for i in t.events if i < len(res.events) and isinstance(res.events[i], TokenEvent)]
+        if [e.token for e in token_events] != t.committed:
+            rollback.append(f"{tag}: token events {[e.token for e in token_events]} != committed {t.committed}")
+        # -- BONUS-UNCACHED
+        if prev is not None and t.pending_token != res.tokens[committed - 1]:
+            bonus.append(f"{tag}: verification led by {t.pending_token}, not the last emitted token {res.tokens[committed - 1]}")
+        if kind == "bonus" and len(t.committed) == k + 1 and t.target_len_after != t.target_len_before + k + 1:
+            bonus.append(f"{tag}: after full acceptance the cache holds {t.target_len_after - t.target_len_before} "
+                         f"new entries, expected {k + 1} (the bonus stays uncached)")
+        committed += len(t.committed)
+        prev = t
+    if res.trace is not None and committed != len(res.tokens):
+        rollback.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
+    return {"TRACE-ACCEPT": accept, "TRACE-RESIDUAL-BONUS": law, "TRACE-ROLLBACK": rollback, "BONUS-UNCACHED": bonus}
+
+
+# -- greedy ------------------------------------------------------------------
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top2_margin(p: np.ndarray) -> float:
+    top = np.sort(p)[-2:]
+    return float(top[1] - top[0])
+
+
+# -- observations for the statistical clauses --------------------------------
+
+
+def observations(backend, prompt: list[int], results: list[GenerationResult], sp: SamplingParams):
+    """(token, processed target law) for every emitted token of every result."""
+    obs = []
+    for res in results:
+        laws = backend.target_distributions(prompt, res.tokens, sp)
+        obs += list(zip(res.tokens, laws, strict=True))
+    return obs
+
+
+def logprob_problems(res: GenerationResult, laws: np.ndarray, atol: float = 1e-4) -> list[str]:
+    if res.logprobs is None:
+        return ["no logprobs reported"]
+    out = []
+    for i, (tok, lp) in enumerate(zip(res.tokens, res.logprobs, strict=True)):
+        want = math.log(laws[i][tok]) if laws[i][tok] > 0 else -math.inf
+        if not (abs(lp - want) <= atol or lp == want):
+            out.append(f"token {i} ({tok}): logprob {lp:.6g}, target law says {want:.6g}")
+    return out

@@ -1,0 +1,144 @@
+"""Guarded calls into a backend under test, and the run profiles.
+
+Every call runs with a timeout and every answer is validated, so a backend
+that raises, hangs or returns garbage produces a named failure on the clause
+being checked; the run goes on and never passes on garbage.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pydantic
+
+from mtpcheck.contracts import (
+    BackendError,
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
+
+
+class BackendRaised(BackendError):
+    """The backend raised an exception the clause did not ask for."""
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer within the per-call timeout."""
+
+
+class BackendGarbage(BackendError):
+    """The backend answered with the wrong type, shape, vocabulary or values."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    dist_runs: int  # seeded generations per sampling configuration
+    dist_tokens: int  # max tokens per generation
+    greedy_tokens: int
+    hypothesis_examples: int
+    trace_runs: int
+
+
+PROFILES = {
+    "ci": Profile("ci", dist_runs=40, dist_tokens=48, greedy_tokens=40, hypothesis_examples=10, trace_runs=6),
+    "dev": Profile("dev", dist_runs=80, dist_tokens=48, greedy_tokens=64, hypothesis_examples=25, trace_runs=12),
+    "thorough": Profile("thorough", dist_runs=300, dist_tokens=64, greedy_tokens=128, hypothesis_examples=100, trace_runs=40),
+}
+
+
+def call_with_timeout(fn, *args, timeout: float | None, what: str):
+    """Run fn(*args) in a worker thread; a hang becomes BackendTimeout. A hung
+    worker cannot be killed in Python: it is left behind as a daemon."""
+    if not timeout:
+        return fn(*args)
+    box: dict = {}
+
+    def work():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, daemon=True, name=f"mtpcheck:{what}")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise BackendTimeout(f"{what} did not return within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class Guarded:
+    """The backend as the suite sees it: timeouts, validation, named errors.
+
+    Exceptions the clause itself provokes (e.g. SpeculationUnavailableError,
+    ValueError for a bad request) pass through unchanged when listed in
+    `expect`; anything else becomes BackendRaised."""
+
+    def __init__(self, backend, timeout: float | None = 120.0):
+        self.backend, self.timeout = backend, timeout
+        self._caps: Capabilities | None = None
+
+    def _call(self, name: str, *args, expect: tuple[type[BaseException], ...] = ()):
+        fn = getattr(self.backend, name, None)
+        if fn is None:
+            raise BackendGarbage(f"backend {type(self.backend).__name__} has no {name}()")
+        try:
+            return call_with_timeout(fn, *args, timeout=self.timeout, what=f"{name}()")
+        except BackendTimeout:
+            raise
+        except expect:
+            raise
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise BackendRaised(f"{name}() raised {type(exc).__name__}: {exc}") from exc
+
+    def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            raw = self._call("capabilities")
+            try:
+                self._caps = raw if isinstance(raw, Capabilities) else Capabilities.model_validate(raw)
+            except pydantic.ValidationError as exc:
+                raise BackendGarbage(f"capabilities() returned an invalid Capabilities: {exc}") from exc
+        return self._caps
+
+    def generate(self, req: GenerationRequest, expect: tuple[type[BaseException], ...] = ()) -> GenerationResult:
+        raw = self._call("generate", req, expect=expect)
+        try:
+            res = raw if isinstance(raw, GenerationResult) else GenerationResult.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            raise BackendGarbage(f"generate() returned an invalid GenerationResult: {str(exc)[:400]}") from exc
+        V = self.capabilities().vocab_size
+        bad = [t for t in res.tokens if not 0 <= t < V]
+        if bad:
+            raise BackendGarbage(f"generate() returned token ids outside the vocabulary (size {V}): {bad[:5]}")
+        if not res.tokens:
+            raise BackendGarbage("generate() returned no tokens (max_tokens >= 1)")
+        if len(res.tokens) > req.max_tokens:
+            raise BackendGarbage(f"generate() returned {len(res.tokens)} tokens, max_tokens was {req.max_tokens}")
+        if res.logprobs is not None and len(res.logprobs) != len(res.tokens):
+            raise BackendGarbage(f"{len(res.logprobs)} logprobs for {len(res.tokens)} tokens")
+        return res
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+        raw = self._call("target_distributions", list(prompt), list(continuation), sampling)
+        V = self.capabilities().vocab_size
+        try:
+            p = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise BackendGarbage(f"target_distributions() returned a non-numeric {type(raw).__name__}") from exc
+        if p.shape != (len(continuation), V):
+            raise BackendGarbage(f"target_distributions() shape {p.shape}, expected {(len(continuation), V)}")
+        if not np.all(np.isfinite(p)) or (p < 0).any():
+            raise BackendGarbage("target_distributions() holds negative or non-finite probabilities")
+        sums = p.sum(axis=1)
+        if len(sums) and np.max(np.abs(sums - 1.0)) > 1e-6:
+            raise BackendGarbage(f"target_distributions() rows sum to {sums.min():.6g}..{sums.max():.6g}, not 1")
+        return p

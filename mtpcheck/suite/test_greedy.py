@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+from mtpcheck.checks import NEAR_TIE_EPS, first_divergence, top2_margin
+from mtpcheck.contracts import SamplingParams
+
+from ._util import request, spec_for
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+@pytest.mark.parametrize("depth", [1, 2, 3, 4, 5])
+def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_record, depth):
+    if depth > mtp_capabilities.max_depth:
+        pytest.skip(f"backend max depth {mtp_capabilities.max_depth}")
+    excused = []
+    for name, prompt in mtp_fixture.items():
+        plain = mtp_backend.generate(request(prompt, mtp_profile.greedy_tokens, GREEDY, False, stop_token_ids=[]))
+        spec = mtp_backend.generate(request(prompt, mtp_profile.greedy_tokens, GREEDY, spec_for(mtp_capabilities, depth),
+                                            stop_token_ids=[]))
+        i = first_divergence(spec.tokens, plain.tokens)
+        if i is None:
+            continue
+        margin = None
+        if mtp_capabilities.target_distributions:
+            laws = mtp_backend.target_distributions(prompt, plain.tokens[: i + 1], SamplingParams(temperature=1.0))
+            margin = top2_margin(np.asarray(laws[i]))
+        evidence = dict(prompt=name, depth=depth, position=i, plain=plain.tokens[i:i + 3], spec=spec.tokens[i:i + 3],
+                        top2_margin=margin, epsilon=NEAR_TIE_EPS)
+        mtp_record(divergence=evidence)
+        if margin is None or margin >= NEAR_TIE_EPS:
+            pytest.fail(f"greedy divergence not excused by a near-tie: {evidence}")
+        excused.append(evidence)
+    if excused:
+        mtp_record(excused_near_ties=len(excused))

@@ -1,0 +1,50 @@
+import pytest
+
+from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
+
+from ._util import request, spec_for
+
+REASONS = {"not_requested", "sampling_control_unsupported", "drafter_unavailable",
+           "depth_exceeds_capability", "adaptive_disabled"}
+
+
+@pytest.mark.contract("REPORT-HONEST")
+def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture):
+    prompt = next(iter(mtp_fixture.values()))
+    sp = SamplingParams(temperature=0.0)
+    on = mtp_backend.generate(request(prompt, 16, sp, spec_for(mtp_capabilities), stop_token_ids=[])).speculation
+    assert on.requested and on.mode == "native_mtp"
+    if on.used:
+        assert on.rounds >= 1 and on.drafted >= 1, "used=True but nothing was drafted"
+        assert on.reason is None
+    else:
+        assert on.reason in REASONS and on.message, "used=False needs a named reason and a message"
+    off = mtp_backend.generate(request(prompt, 16, sp, False)).speculation
+    assert not off.requested and not off.used and off.rounds == 0 and off.drafted == 0
+    assert off.reason == "not_requested" and off.message
+
+
+# strong enough that honouring them visibly changes greedy output
+CONTROLS = [{"repetition_penalty": 2.0}, {"presence_penalty": 3.0}, {"frequency_penalty": 3.0}, {"logit_bias": {5: 100.0}}]
+
+
+@pytest.mark.contract("REPORT-NO-SILENT-FALLBACK")
+@pytest.mark.parametrize("control", CONTROLS, ids=lambda c: next(iter(c)))
+def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabilities, mtp_fixture, control):
+    prompt = next(iter(mtp_fixture.values()))
+    name = next(iter(control))
+    sp = SamplingParams(temperature=0.0, **control)
+    on = mtp_backend.generate(request(prompt, 24, sp, spec_for(mtp_capabilities)))
+    off = mtp_backend.generate(request(prompt, 24, sp, False))
+    plain = mtp_backend.generate(request(prompt, 24, SamplingParams(temperature=0.0), False))
+    if not on.speculation.used:
+        assert on.speculation.reason == "sampling_control_unsupported", on.speculation
+        assert name in (on.speculation.message or ""), "the message must name the control"
+    elif name not in mtp_capabilities.speculative_sampling_controls:
+        pytest.fail(f"speculated with {name} that the backend does not declare it honours")
+    assert on.tokens == off.tokens, f"with {name}, speculative output differs from target-only output"
+    assert off.tokens != plain.tokens, f"{name} changed nothing: the control was dropped"
+    if not on.speculation.used:
+        with pytest.raises(SpeculationUnavailableError):
+            mtp_backend.generate(request(prompt, 24, sp, spec_for(mtp_capabilities, require_acceleration=True)),
+                                 expect=(SpeculationUnavailableError,))

@@ -1,0 +1,56 @@
+"""White-box clauses: re-derive every round of a trace."""
+
+import pytest
+
+from mtpcheck.checks import trace_problems
+
+from ._util import DIST_CONFIGS, request, seeded, spec_for
+
+
+@pytest.fixture(scope="module")
+def traced(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
+    """(request, result, ground truth) over configs, depths and prompts."""
+    out = []
+    prompts = list(mtp_fixture.values())
+    configs = list(DIST_CONFIGS.values())
+    for r in range(mtp_profile.trace_runs * 2):
+        sp = seeded(configs[r % len(configs)], mtp_seed + r)
+        depth = 1 + r % min(5, mtp_capabilities.max_depth)
+        req = request(prompts[r % len(prompts)], 40, sp, spec_for(mtp_capabilities, depth), trace=True)
+        res = mtp_backend.generate(req)
+        truth = mtp_backend.target_distributions(req.prompt_tokens, res.tokens, sp) if mtp_capabilities.target_distributions else None
+        out.append((req, res, truth))
+    return out
+
+
+def _check(traced, clause, rule):
+    problems, rounds = [], 0
+    for req, res, truth in traced:
+        if res.trace is None:
+            pytest.fail("the backend declares traces but returned none for trace=True")
+        rounds += len(res.trace)
+        problems += [f"seed {req.sampling.seed}: {p}" for p in trace_problems(res, req, rule, truth)[clause]]
+    assert rounds > 0, "no speculative rounds were traced"
+    assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
+
+
+@pytest.mark.contract("TRACE-ACCEPT")
+def test_acceptance_decisions_rederive(traced, mtp_capabilities):
+    _check(traced, "TRACE-ACCEPT", mtp_capabilities.acceptance_rule)
+
+
+@pytest.mark.contract("TRACE-RESIDUAL-BONUS")
+def test_corrections_and_bonus_from_the_right_laws(traced, mtp_capabilities):
+    _check(traced, "TRACE-RESIDUAL-BONUS", mtp_capabilities.acceptance_rule)
+
+
+@pytest.mark.contract("TRACE-ROLLBACK")
+def test_rollback_to_the_committed_prefix(traced, mtp_capabilities):
+    _check(traced, "TRACE-ROLLBACK", mtp_capabilities.acceptance_rule)
+
+
+@pytest.mark.contract("BONUS-UNCACHED")
+def test_bonus_is_uncached_and_leads_the_next_round(traced, mtp_capabilities):
+    _check(traced, "BONUS-UNCACHED", mtp_capabilities.acceptance_rule)
+    bonuses = sum(t.next_kind == "bonus" for _, res, _ in traced for t in res.trace)
+    assert bonuses > 0, "no fully accepted block in the sample: the bonus rule was not exercised"
