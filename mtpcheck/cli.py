@@ -1,0 +1,187 @@
+"""`mtpcheck`: generate, run, contracts, inspect.
+
+Bad arguments give one clear line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage too)
+        sys.stderr.write(f"mtpcheck: error: {message}\n")
+        sys.exit(2)
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+        return value
+
+    return parse
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"mtpcheck: error: {message}\n")
+    return 2
+
+
+def cmd_generate(args) -> int:
+    import pydantic
+
+    from mtpcheck.backends import UnknownBackendError, load_backend, parse_options
+    from mtpcheck.contracts import GenerationRequest, SpeculationUnavailableError
+
+    try:
+        spec = False if args.speculation == "off" else {
+            "mode": "native_mtp", "require_acceleration": args.require_acceleration,
+            **({"num_draft_tokens": args.num_draft_tokens} if args.num_draft_tokens is not None else {}),
+            **({"drafter": args.drafter} if args.drafter else {}),
+        }
+        sampling = {"temperature": args.temperature, "seed": args.seed}
+        for name in ("top_k", "top_p", "min_p", "repetition_penalty"):
+            if getattr(args, name) is not None:
+                sampling[name] = getattr(args, name)
+        backend = load_backend(args.backend, parse_options(args.backend_option))
+        prompt = backend.encode(args.prompt) if hasattr(backend, "encode") else None
+        if not prompt:
+            return _fail("the prompt encodes to no tokens" if prompt is not None else f"backend {args.backend!r} has no tokenizer")
+        req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens, sampling=sampling, speculation=spec,
+                                stop=args.stop or [])
+        res = backend.generate(req)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        return _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    except (UnknownBackendError, SpeculationUnavailableError, ValueError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(res.model_dump_json(indent=2, exclude={"events", "trace"}))
+        return 0
+    s = res.speculation
+    print(res.text)
+    print("---")
+    print(f"tokens: {len(res.tokens)}  finish: {res.finish_reason}  seed: {res.seed}")
+    if s.used:
+        print(f"speculation: {s.draft_kind} depth {s.num_draft_tokens}, {s.acceptance_rule}; rounds {s.rounds}, "
+              f"drafted {s.drafted}, accepted {s.accepted} (rate {s.acceptance_rate:.2f}), "
+              f"{len(res.tokens) / max(s.rounds, 1):.2f} tokens per round")
+    else:
+        print(f"speculation: not used ({s.reason}): {s.message}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    """The conformance run: the suite through pytest, a clause table, a JSON report."""
+    import pytest
+
+    from mtpcheck.backends import UnknownBackendError, resolve_factory
+
+    try:
+        resolve_factory(args.backend)
+    except UnknownBackendError as exc:
+        return _fail(str(exc))
+    os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
+    pytest_args = ["--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "-q", "-rfE",
+                   f"--mtp-backend={args.backend}", f"--mtp-profile={args.profile}", f"--mtp-seed={args.seed}"]
+    pytest_args += [f"--mtp-backend-option={o}" for o in args.backend_option]
+    for flag, value in (("--mtp-json", args.json), ("--mtp-xfails-file", args.xfails_file),
+                        ("--mtp-skips-file", args.skips_file)):
+        if value:
+            pytest_args.append(f"{flag}={value}")
+    pytest_args += args.pytest_args
+    code = pytest.main(pytest_args)
+    return int(code)
+
+
+def cmd_contracts(args) -> int:
+    from mtpcheck.catalogue import check, export_json, load_catalogue
+    from mtpcheck.contracts.schemas import schema_drift, write_schemas
+
+    folder = Path(args.dir)
+    if args.action == "list":
+        for c in load_catalogue().clause:
+            print(f"{c.id:<26} {c.kind:<11} needs [{', '.join(c.requires)}]  {c.title}")
+        return 0
+    if args.action == "export":
+        write_schemas(folder / "schemas")
+        (folder / "clauses.json").write_text(export_json())
+        print(f"wrote {folder / 'schemas'} and {folder / 'clauses.json'}")
+        return 0
+    problems = check()
+    drift = schema_drift(folder / "schemas") if (folder / "schemas").is_dir() else []
+    if (folder / "clauses.json").is_file() and (folder / "clauses.json").read_text() != export_json():
+        drift.append("clauses.json")
+    problems += [f"{folder}/{d}: drifted from the models; run `mtpcheck contracts export`" for d in drift]
+    for p in problems:
+        print(p)
+    if not problems:
+        print(f"{len(load_catalogue().clause)} clauses, every one tested; every suite test names a clause")
+    return 1 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mtpcheck import __version__
+    from mtpcheck import inspect as inspect_mod
+
+    parser = _Parser(prog="mtpcheck", description="Conformance suite for speculative decoding runtimes")
+    parser.add_argument("--version", action="version", version=f"mtpcheck {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate with a backend and print the speculation report")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--backend", default="mlx")
+    g.add_argument("--backend-option", action="append", default=[], metavar="KEY=VALUE")
+    g.add_argument("--speculation", choices=["native_mtp", "off"], default="native_mtp")
+    g.add_argument("--drafter", choices=["mtp", "assistant"])
+    g.add_argument("--num-draft-tokens", type=_positive(int))
+    g.add_argument("--require-acceleration", action="store_true")
+    g.add_argument("--temperature", type=_positive(float), default=0.0)
+    g.add_argument("--top-k", type=_positive(int))
+    g.add_argument("--top-p", type=_positive(float))
+    g.add_argument("--min-p", type=_positive(float))
+    g.add_argument("--repetition-penalty", type=_positive(float))
+    g.add_argument("--seed", type=_positive(int), default=0)
+    g.add_argument("--max-tokens", type=_positive(int), default=64)
+    g.add_argument("--stop", action="append")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_generate)
+
+    r = sub.add_parser("run", help="run the conformance suite against a backend")
+    r.add_argument("--backend", default="mlx")
+    r.add_argument("--backend-option", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--profile", choices=["ci", "dev", "thorough"], default="ci")
+    r.add_argument("--seed", default="1234")
+    r.add_argument("--json", metavar="PATH")
+    r.add_argument("--xfails-file")
+    r.add_argument("--skips-file")
+    r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("contracts", help="the clause catalogue and the exported schemas")
+    c.add_argument("action", choices=["check", "list", "export"])
+    c.add_argument("--dir", default="contracts", help="where exported schemas and clauses.json live")
+    c.set_defaults(func=cmd_contracts)
+
+    inspect_mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser"]
