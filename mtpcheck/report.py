@@ -158,4 +158,5 @@ class RunRecorder:
         }
 
     def write_json(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.as_dict(), indent=2, default=str) + "\n")

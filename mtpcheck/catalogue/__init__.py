@@ -43,12 +43,15 @@ class Catalogue(BaseModel):
 
 
 @cache
-def load_catalogue(path: Path = HERE / "clauses.toml") -> Catalogue:
-    cat = Catalogue.model_validate(tomllib.loads(path.read_text()))
+def load_catalogue(folder: Path = HERE) -> Catalogue:
+    """All clauses of every *.toml in the folder (one file per area), core first."""
+    files = sorted(folder.glob("*.toml"), key=lambda p: (p.name != "clauses.toml", p.name))
+    clauses = [c for path in files for c in tomllib.loads(path.read_text()).get("clause", [])]
+    cat = Catalogue.model_validate({"clause": clauses})
     ids = [c.id for c in cat.clause]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        raise ValueError(f"duplicate clause ids in {path.name}: {dupes}")
+        raise ValueError(f"duplicate clause ids in {folder}: {dupes}")
     return cat
 
 

@@ -1,0 +1,28 @@
+"""nox sessions: tests, lint, conformance (for backend authors)."""
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.default_venv_backend = "venv"
+
+
+@nox.session
+def tests(session):
+    session.install("-e", ".[dev]")
+    session.run("pytest", *session.posargs, env={"MLX_DISABLE_COMPILE": "1"})
+
+
+@nox.session
+def lint(session):
+    session.install("ruff")
+    session.run("ruff", "check", "mtpcheck", "tests", "noxfile.py")
+
+
+@nox.session
+def conformance(session):
+    """Point the suite at your runtime:
+    nox -s conformance -- --mtp-backend=pkg.mod:factory [--mtp-backend-option KEY=VALUE ...]"""
+    session.install("-e", ".")
+    args = session.posargs or ["--mtp-backend=mlx"]
+    session.run("pytest", "--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", *args,
+                env={"MLX_DISABLE_COMPILE": "1"})
