@@ -1,0 +1,465 @@
+"""Statistical tests that emitted tokens follow the target law.
+
+Observations are (token, p) pairs: the token emitted at one position and the
+processed target distribution p (float64) at that position, computed by the
+backend's teacher-forced `target_distributions` on the emitted prefix. Each
+observation may come from a different context; the tests pool them without
+assuming a common law.
+
+* `zero_probability_violations` - tokens of target probability 0: an
+  immediate failure, no statistics needed.
+* `rank_gtest` - the main test: a G-test in rank space (see its docstring).
+* `pit_ks` - randomized PIT + Kolmogorov-Smirnov, a cheap extra.
+* `detectable_tv` / `samples_for_tv` - power: the smallest deviation the
+  G-test detects with probability `power` at a sample size, and back.
+* `SUITE_ALPHA`, `bonferroni`, `alpha_for` - the false-failure budget.
+
+See docs/statistics.md for the reasoning and the measured figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from scipy import optimize, stats
+
+__all__ = [
+    "DEFAULT_POWER",
+    "MIN_EXPECTED",
+    "SUITE_ALPHA",
+    "Observation",
+    "ObservationBatch",
+    "Observations",
+    "TestResult",
+    "alpha_for",
+    "bonferroni",
+    "detectable_tv",
+    "noncentrality",
+    "observations",
+    "pit_ks",
+    "rank_gtest",
+    "samples_for_tv",
+    "zero_probability_violations",
+]
+
+SUITE_ALPHA = 1e-6
+"""Total false-failure probability of one whole suite run (Bonferroni)."""
+
+DEFAULT_POWER = 0.99
+MIN_EXPECTED = 10.0
+"""Every G-test bin gets at least this expected count (bins are merged).
+10 rather than the textbook 5: the suite works at alpha 1e-6 and below,
+where the chi-square tail of G with expected counts near 5 is measurably
+too thin at small n (docs/statistics.md, "Calibration in the far tail")."""
+
+Observation = tuple[int, Sequence[float] | np.ndarray]
+
+
+class TestResult(BaseModel):
+    """Outcome of one statistical test; JSON-serialisable (`as_dict`)."""
+
+    __test__: ClassVar[bool] = False  # not a pytest test class
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+    name: str
+    alpha: float
+    n: int = Field(description="observations that entered the test")
+    statistic: float
+    p_value: float
+    df: int
+    detectable_tv: float | None = Field(
+        description="smallest total-variation deviation detected with power "
+        ">= 0.99 at this n (see detectable_tv); None when the test has no "
+        "such guarantee or could not run"
+    )
+    passed: bool
+    note: str = ""
+    n_dropped: int = Field(0, description="deterministic (one-hot) observations left out")
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON types (strict JSON: an infinite statistic is "Infinity")."""
+        return json.loads(self.model_dump_json())
+
+
+# --------------------------------------------------------------------------
+# alpha budget
+
+
+def bonferroni(alpha_total: float, m: int) -> float:
+    """Per-test alpha so that m tests together fail falsely with probability
+    <= alpha_total (union bound; valid under any dependence)."""
+    if m < 1:
+        raise ValueError("m must be >= 1")
+    if not 0.0 < alpha_total < 1.0:
+        raise ValueError("alpha_total must be in (0, 1)")
+    return alpha_total / m
+
+
+def alpha_for(n_subtests: int) -> float:
+    """Per-subtest alpha within a whole suite run of `n_subtests` tests."""
+    return bonferroni(SUITE_ALPHA, n_subtests)
+
+
+# --------------------------------------------------------------------------
+# observations
+
+
+def observations(
+    tokens: Iterable[int], probs: Iterable[Sequence[float] | np.ndarray]
+) -> list[Observation]:
+    """Zip emitted tokens with their target distributions."""
+    return [(int(t), np.asarray(p, dtype=np.float64)) for t, p in zip(tokens, probs, strict=True)]
+
+
+@dataclass(frozen=True, eq=False)
+class ObservationBatch:
+    """Observations as arrays: tokens [n] and target laws probs [n, V] (one
+    vocabulary). Accepted wherever an iterable of (token, p) pairs is, and
+    much faster for large n."""
+
+    tokens: np.ndarray
+    probs: np.ndarray
+
+    def __iter__(self) -> Iterator[Observation]:
+        return iter(zip(np.asarray(self.tokens).tolist(), np.asarray(self.probs), strict=True))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+Observations = Iterable[Observation] | ObservationBatch
+
+
+def _stack(obs: Observations) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """tokens [n], P [n, Vmax] (rows zero-padded), valid [n] (token in range)."""
+    if isinstance(obs, ObservationBatch):
+        P = np.array(obs.probs, dtype=np.float64, ndmin=2)
+        raw = np.asarray(obs.tokens, dtype=np.int64).ravel()
+        if P.shape[0] != raw.shape[0]:
+            raise ValueError("ObservationBatch: one token per distribution")
+        valid = (raw >= 0) & (raw < P.shape[1])
+        tokens = np.where(valid, raw, 0)
+        n = len(tokens)
+    else:
+        obs = list(obs)
+        n = len(obs)
+        rows = [np.asarray(p, dtype=np.float64).ravel() for _, p in obs]
+        vmax = max((len(r) for r in rows), default=0)
+        P = np.zeros((n, vmax))
+        tokens = np.empty(n, dtype=np.int64)
+        valid = np.ones(n, dtype=bool)
+        for i, ((t, _), r) in enumerate(zip(obs, rows, strict=True)):
+            P[i, : len(r)] = r
+            t = int(t)
+            valid[i] = 0 <= t < len(r)
+            tokens[i] = t if valid[i] else 0
+    if n:
+        if not np.all(np.isfinite(P)) or np.any(P < 0):
+            raise ValueError("target distributions must be finite and non-negative")
+        sums = P.sum(axis=1)
+        if np.any(np.abs(sums - 1.0) > 1e-6):
+            bad = int(np.argmax(np.abs(sums - 1.0)))
+            raise ValueError(f"observation {bad}: target distribution sums to {sums[bad]!r}, not 1")
+        P /= sums[:, None]
+    return tokens, P, valid
+
+
+def _zero_mask(tokens: np.ndarray, P: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    if len(tokens) == 0:
+        return np.zeros(0, dtype=bool)
+    return ~valid | (P[np.arange(len(tokens)), tokens] <= 0.0)
+
+
+def zero_probability_violations(obs: Observations) -> list[int]:
+    """Indices of observations whose token has target probability 0 (or lies
+    outside the vocabulary). Any one is a failure: a lossless sampler never
+    emits such a token."""
+    tokens, P, valid = _stack(obs)
+    return np.flatnonzero(_zero_mask(tokens, P, valid)).tolist()
+
+
+def _ranked(tokens: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rank of each token under its own p (descending, ties by lower token id)
+    and each p sorted in that order."""
+    order = np.argsort(-P, axis=1, kind="stable")
+    ranks = np.argmax(order == tokens[:, None], axis=1)
+    return ranks, np.take_along_axis(P, order, axis=1)
+
+
+def _zero_result(name: str, alpha: float, n: int, bad: np.ndarray) -> TestResult:
+    idx = np.flatnonzero(bad).tolist()
+    return TestResult(
+        name=name,
+        alpha=alpha,
+        n=n,
+        statistic=math.inf,
+        p_value=0.0,
+        df=0,
+        detectable_tv=None,
+        passed=False,
+        note=f"{len(idx)} token(s) of target probability 0 emitted (first at observation {idx[0]})",
+        details={"zero_probability_indices": idx[:100]},
+    )
+
+
+# --------------------------------------------------------------------------
+# the rank-space G-test
+
+
+def _base_edges(vmax: int) -> list[int]:
+    """Rank bins 0, 1, 2, 3-4, 5-8, 9-16, ... as edges [0, 1, 2, 3, 5, 9, 17, ...]."""
+    edges = [0, 1, 2, 3]
+    while edges[-1] < vmax:
+        edges.append(2 * edges[-1] - 1)
+    edges = [e for e in edges if e < vmax] + [vmax]
+    return edges
+
+
+def _merge(expected: np.ndarray, min_expected: float, n_bins: int | None) -> list[list[int]]:
+    """Group consecutive base bins so that each group's expected count is >=
+    min_expected (greedy from rank 0; a short tail joins the last group), then
+    cap the number of groups at n_bins by merging the tail."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    mass = 0.0
+    for b, e in enumerate(expected):
+        cur.append(b)
+        mass += e
+        if mass >= min_expected:
+            groups.append(cur)
+            cur, mass = [], 0.0
+    if cur:
+        if groups:
+            groups[-1].extend(cur)
+        else:
+            groups.append(cur)
+    if n_bins is not None and len(groups) > n_bins:
+        groups = groups[: n_bins - 1] + [sum(groups[n_bins - 1 :], [])]
+    return groups
+
+
+def rank_gtest(
+    obs: Observations,
+    n_bins: int | None = None,
+    alpha: float = SUITE_ALPHA,
+    *,
+    min_expected: float = MIN_EXPECTED,
+    power: float = DEFAULT_POWER,
+) -> TestResult:
+    """G-test that tokens follow their target laws, pooled across contexts in
+    rank space.
+
+    Each observation's token gets its rank under its own p (p sorted
+    descending, ties broken by lower token id). Ranks are bucketed into bins
+    0, 1, 2, 3-4, 5-8, 9-16, ...; adjacent bins are merged until each has an
+    expected count >= `min_expected`, and at most `n_bins` bins are kept (the
+    tail is merged) when given. The expected count of a bin is the sum over
+    observations of each observation's own p-mass on the ranks of that bin,
+    so contexts with different laws pool without a common law. The G
+    statistic (scipy.stats.power_divergence, lambda_="log-likelihood"),
+    divided by Williams' correction q = 1 + (bins + 1) / (6 n), is referred to
+    chi-square with df = bins - 1; `statistic` is G / q, `details["g"]` is G.
+
+    Under the null each observation's bin is an independent categorical
+    draw; with heterogeneous laws the count covariance is below the
+    multinomial one, so the chi-square reference is conservative (exact in
+    the limit when all sorted laws coincide).
+
+    One-hot (deterministic) observations carry no information and are left
+    out (`n_dropped`). A token of probability 0 fails at once.
+    """
+    name = "rank_gtest"
+    tokens, P, valid = _stack(obs)
+    n_all = len(tokens)
+    bad = _zero_mask(tokens, P, valid)
+    if bad.any():
+        return _zero_result(name, alpha, n_all, bad)
+    informative = (P > 0).sum(axis=1) > 1
+    tokens, P = tokens[informative], P[informative]
+    n = len(tokens)
+    dropped = n_all - n
+    if n_bins is not None and n_bins < 2:
+        raise ValueError("n_bins must be >= 2")
+    if n == 0:
+        return TestResult(
+            name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+            passed=True, note="no informative observations: no test", n_dropped=dropped,
+        )  # fmt: skip
+    ranks, sorted_p = _ranked(tokens, P)
+    edges = _base_edges(P.shape[1])
+    base_expected = np.add.reduceat(sorted_p, edges[:-1], axis=1).sum(axis=0)
+    base_observed = np.bincount(
+        np.searchsorted(edges, ranks, side="right") - 1, minlength=len(edges) - 1
+    )
+    groups = _merge(base_expected, min_expected, n_bins)
+    expected = np.array([base_expected[g].sum() for g in groups])
+    observed = np.array([base_observed[g].sum() for g in groups])
+    bins = [[edges[g[0]], edges[g[-1] + 1] - 1] for g in groups]
+    details = {"bins": bins, "observed": observed.tolist(), "expected": expected.tolist()}
+    if len(groups) < 2:
+        return TestResult(
+            name=name, alpha=alpha, n=n, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+            passed=True, n_dropped=dropped, details=details,
+            note=f"fewer than 2 bins with expected count >= {min_expected}: no test",
+        )  # fmt: skip
+    expected = expected * (n / expected.sum())  # float rounding only; sum(p) == 1 per row
+    g, _ = stats.power_divergence(observed, expected, lambda_="log-likelihood")
+    df = len(groups) - 1
+    g_w = float(g) / _williams(n, len(groups))
+    p_value = float(stats.chi2.sf(g_w, df))
+    details["g"] = float(g)
+    tv = detectable_tv(n, len(groups), alpha, power)
+    return TestResult(
+        name=name,
+        alpha=alpha,
+        n=n,
+        statistic=g_w,
+        p_value=p_value,
+        df=df,
+        detectable_tv=tv,
+        passed=bool(p_value > alpha),
+        note=f"G-test over {len(groups)} rank bins; {dropped} deterministic observation(s) dropped",
+        n_dropped=dropped,
+        details=details,
+    )
+
+
+# --------------------------------------------------------------------------
+# randomized PIT + KS
+
+
+def pit_ks(
+    obs: Observations,
+    rng_seed: int = 0,
+    alpha: float = SUITE_ALPHA,
+    *,
+    power: float = DEFAULT_POWER,
+) -> TestResult:
+    """Randomized probability integral transform, then KS against U(0, 1).
+
+    With tokens ordered by rank under their own p (descending, ties by
+    lower id) and F the cdf in that order, u = F(r-1) + V * p[token] with
+    V ~ U(0, 1) (seeded by `rng_seed`) is exactly U(0, 1) under the null for
+    any p, so KS (scipy.stats.kstest) is exact. Less powerful than
+    `rank_gtest` (needs roughly 2-4x the samples); kept as a cheap extra.
+
+    KS gives no uniform total-variation guarantee: a deviation that
+    alternates in sign over adjacent ranks has large TV and a tiny cdf
+    distance. `detectable_tv` is therefore None; `details` carries
+    `detectable_pit_sup`, the sup-distance between the PIT cdf and the
+    identity detected with the given power, (c_alpha + c_beta) / sqrt(n) with
+    c_x the upper-x quantile of the Kolmogorov distribution.
+    """
+    name = "pit_ks"
+    tokens, P, valid = _stack(obs)
+    n_all = len(tokens)
+    bad = _zero_mask(tokens, P, valid)
+    if bad.any():
+        return _zero_result(name, alpha, n_all, bad)
+    informative = (P > 0).sum(axis=1) > 1
+    tokens, P = tokens[informative], P[informative]
+    n = len(tokens)
+    dropped = n_all - n
+    if n == 0:
+        return TestResult(
+            name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+            passed=True, note="no informative observations: no test", n_dropped=dropped,
+        )  # fmt: skip
+    ranks, sorted_p = _ranked(tokens, P)
+    rows = np.arange(n)
+    mass = sorted_p[rows, ranks]
+    below = np.cumsum(sorted_p, axis=1)[rows, ranks] - mass
+    v = np.random.default_rng(rng_seed).random(n)
+    u = np.clip(below + v * mass, 0.0, 1.0)
+    res = stats.kstest(u, "uniform")
+    sup = (stats.kstwobign.isf(alpha) + stats.kstwobign.isf(1.0 - power)) / math.sqrt(n)
+    return TestResult(
+        name=name,
+        alpha=alpha,
+        n=n,
+        statistic=float(res.statistic),
+        p_value=float(res.pvalue),
+        df=0,
+        detectable_tv=None,
+        passed=bool(res.pvalue > alpha),
+        note=f"KS on randomized PIT; {dropped} deterministic observation(s) dropped; "
+        f"detects a PIT cdf sup-distance >= {sup:.4g} with power {power}",
+        n_dropped=dropped,
+        details={"detectable_pit_sup": sup, "rng_seed": rng_seed},
+    )
+
+
+# --------------------------------------------------------------------------
+# power
+
+
+@lru_cache(maxsize=256)
+def noncentrality(df: int, alpha: float, power: float = DEFAULT_POWER) -> float:
+    """lambda with P(chi2_nc(df, lambda) > chi2.isf(alpha, df)) = power."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    if not 0.0 < alpha < power < 1.0:
+        raise ValueError("need 0 < alpha < power < 1")
+    crit = stats.chi2.isf(alpha, df)
+    f = lambda lam: stats.ncx2.sf(crit, df, lam) - power
+    hi = max(1.0, crit)
+    while f(hi) < 0.0:
+        hi *= 2.0
+    return float(optimize.brentq(f, 1e-12, hi, xtol=1e-10, rtol=1e-12))
+
+
+def _williams(n: int, n_bins: int) -> float:
+    """Williams' (1976) correction for a goodness-of-fit G: q = 1 + (k+1)/(6n)."""
+    return 1.0 + (n_bins + 1) / (6.0 * n)
+
+
+def detectable_tv(n: int, n_bins: int, alpha: float, power: float = DEFAULT_POWER) -> float:
+    """Total-variation deviation that the rank G-test with `n_bins` bins
+    (df = n_bins - 1) detects with probability >= `power` at level `alpha`
+    from n observations, whatever its shape.
+
+    Asymptotically (local alternatives) the G and Pearson statistics are
+    noncentral chi-square with noncentrality n * chi2(r || p), where
+    chi2(r || p) = sum_b (r_b - p_b)^2 / p_b is the chi-square divergence
+    between the alternative r and the null p, both the pooled laws of the
+    rank bin. Power `power` is reached once n * chi2(r || p) >= lambda * q,
+    lambda from `noncentrality`, q = 1 + (n_bins + 1) / (6 n) the Williams
+    factor `rank_gtest` divides G by (q -> 1; it adds ~1 sample).
+
+    The bound used: TV(r, p) <= sqrt(chi2(r || p)) / 2, by Cauchy-Schwarz
+    (sum |r-p| = sum (|r-p|/sqrt p) sqrt p <= sqrt(chi2) * sqrt(sum p)).
+    Hence TV >= sqrt(lambda q / n) / 2 forces chi2 >= lambda q / n, and the test
+    has power >= `power`. This is the worst case over shapes: equality needs
+    |r - p| proportional to p on the support, and any other deviation of the
+    same TV has a larger chi-square divergence and is detected sooner, so
+    the figure is conservative. The same figure holds in the large-deviation
+    view of G, whose noncentrality is 2 n KL(r || p): Pinsker's inequality
+    KL >= 2 TV^2 gives 2 n KL >= 4 n TV^2 >= lambda q as well.
+
+    The TV is that of the rank-bin law (pooled over observations), which is
+    at most the token-level TV: deviations that only permute tokens within
+    a bin, or that cancel between contexts, are not seen by this test.
+    A value >= 1 means no deviation is guaranteed to be detected."""
+    if n < 1:
+        return math.inf
+    lam = noncentrality(n_bins - 1, alpha, power)
+    return 0.5 * math.sqrt(lam * _williams(n, n_bins) / n)
+
+
+def samples_for_tv(tv: float, n_bins: int, alpha: float, power: float = DEFAULT_POWER) -> int:
+    """Smallest n with detectable_tv(n, n_bins, alpha, power) <= tv."""
+    if not 0.0 < tv <= 1.0:
+        raise ValueError("tv must be in (0, 1]")
+    lam = noncentrality(n_bins - 1, alpha, power)
+    n = max(1, math.ceil(lam / (4.0 * tv * tv)))
+    while detectable_tv(n, n_bins, alpha, power) > tv:  # guard float rounding of the ceil
+        n += 1
+    return n
