@@ -31,6 +31,8 @@ def pytest_addoption(parser):
     group.addoption("--mtp-xfails-file", default=None, help="node-id prefixes or clause ids to xfail, '#' comments")
     group.addoption("--mtp-skips-file", default=None, help="node-id prefixes or clause ids to skip, '#' comments")
     group.addoption("--mtp-json", default=None, metavar="PATH", help="write a machine-readable report")
+    group.addoption("--mtp-clauses", default=None, metavar="ID,ID",
+                    help="run only the suite tests of these clause ids (comma-separated)")
 
 
 def pytest_configure(config):
@@ -87,6 +89,18 @@ def pytest_collection_modifyitems(session, config, items):
     suite_items = [i for i in items if _clause_ids(i)]
     if not suite_items:
         return
+    wanted = config.getoption("--mtp-clauses")
+    if wanted:
+        from mtpcheck.catalogue import load_catalogue
+
+        ids = {w.strip() for w in wanted.split(",") if w.strip()}
+        unknown = sorted(ids - set(load_catalogue().by_id()))
+        if unknown:
+            raise pytest.UsageError(f"--mtp-clauses: unknown clause ids {unknown}; see `mtpcheck contracts list`")
+        keep = [i for i in items if set(_clause_ids(i)) & ids]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+        suite_items = keep
     for item in suite_items:
         item.user_properties.append(("mtp_clauses", _clause_ids(item)))
     for option, marker in (("--mtp-skips-file", "skip"), ("--mtp-xfails-file", "xfail")):
