@@ -50,13 +50,16 @@ def cmd_generate(args) -> int:
         for name in ("top_k", "top_p", "min_p", "repetition_penalty"):
             if getattr(args, name) is not None:
                 sampling[name] = getattr(args, name)
-        backend = load_backend(args.backend, parse_options(args.backend_option))
-        prompt = backend.encode(args.prompt) if hasattr(backend, "encode") else None
-        if not prompt:
-            return _fail("the prompt encodes to no tokens" if prompt is not None else f"backend {args.backend!r} has no tokenizer")
-        req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens, sampling=sampling, speculation=spec,
+        # validate the request before paying for a backend load
+        req = GenerationRequest(prompt_tokens=[0], max_tokens=args.max_tokens, sampling=sampling, speculation=spec,
                                 stop=args.stop or [])
-        res = backend.generate(req)
+        backend = load_backend(args.backend, parse_options(args.backend_option))
+        if not backend.capabilities().text:
+            return _fail(f"backend {args.backend!r} has no tokenizer")
+        prompt = backend.encode(args.prompt)
+        if not prompt:
+            return _fail("the prompt encodes to no tokens")
+        res = backend.generate(req.model_copy(update={"prompt_tokens": prompt}))
     except pydantic.ValidationError as exc:
         err = exc.errors()[0]
         return _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")

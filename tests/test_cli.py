@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from mtpcheck.cli import main
+
+
+def run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--prompt", "x", "--backend", "nosuch"], "unknown backend 'nosuch'; known:"),
+    (["generate", "--prompt", "x", "--max-tokens", "-1"], "--max-tokens: '-1' must be >= 0"),
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "max_tokens: Input should be greater than or equal to 1"),
+    (["generate", "--prompt", "x", "--temperature", "hot"], "'hot' is not a valid float"),
+    (["generate", "--prompt", "x", "--speculation", "turbo"], "invalid choice: 'turbo'"),
+    (["generate", "--prompt", "x", "--backend", "toy"], "backend 'toy' has no tokenizer"),
+    (["run", "--backend", "nosuch"], "unknown backend 'nosuch'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_arguments_give_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_contracts_check_and_list(capsys):
+    code, out, _ = run(capsys, "contracts", "check")
+    assert code == 0 and "every one tested" in out
+    code, out, _ = run(capsys, "contracts", "list")
+    assert code == 0 and "DIST-EQUIV" in out
+
+
+def test_contracts_check_fails_on_a_drifted_export(capsys, tmp_path):
+    assert run(capsys, "contracts", "export", "--dir", str(tmp_path))[0] == 0
+    assert run(capsys, "contracts", "check", "--dir", str(tmp_path))[0] == 0
+    (tmp_path / "clauses.json").write_text("{}")
+    code, out, _ = run(capsys, "contracts", "check", "--dir", str(tmp_path))
+    assert code == 1 and "clauses.json: drifted" in out
+
+
+def test_generate_on_the_fixture(capsys):
+    code, out, err = run(capsys, "generate", "--prompt", "id,name,city\n1,", "--max-tokens", "24",
+                         "--num-draft-tokens", "3", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert len(res["tokens"]) == 24 or res["finish_reason"] == "stop"
+    assert res["speculation"]["used"] and res["speculation"]["num_draft_tokens"] == 3
+    code, out, _ = run(capsys, "generate", "--prompt", "id,name", "--max-tokens", "8", "--speculation", "off")
+    assert code == 0 and "speculation: not used (not_requested)" in out
+
+
+def test_generate_require_acceleration_with_a_penalty_exits_2(capsys):
+    code, _, err = run(capsys, "generate", "--prompt", "id,", "--repetition-penalty", "1.3", "--require-acceleration")
+    assert code == 2 and "sampling_control_unsupported" in err
