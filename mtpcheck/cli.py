@@ -105,7 +105,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_contracts(args) -> int:
-    from mtpcheck.catalogue import check, export_json, load_catalogue
+    from mtpcheck.catalogue import check, export_json, export_markdown, load_catalogue
     from mtpcheck.contracts.schemas import schema_drift, write_schemas
 
     folder = Path(args.dir)
@@ -116,12 +116,14 @@ def cmd_contracts(args) -> int:
     if args.action == "export":
         write_schemas(folder / "schemas")
         (folder / "clauses.json").write_text(export_json())
-        print(f"wrote {folder / 'schemas'} and {folder / 'clauses.json'}")
+        (folder / "clauses.md").write_text(export_markdown())
+        print(f"wrote {folder / 'schemas'}, {folder / 'clauses.json'} and {folder / 'clauses.md'}")
         return 0
     problems = check()
     drift = schema_drift(folder / "schemas") if (folder / "schemas").is_dir() else []
-    if (folder / "clauses.json").is_file() and (folder / "clauses.json").read_text() != export_json():
-        drift.append("clauses.json")
+    for name, text in (("clauses.json", export_json()), ("clauses.md", export_markdown())):
+        if (folder / name).is_file() and (folder / name).read_text() != text:
+            drift.append(name)
     problems += [f"{folder}/{d}: drifted from the models; run `mtpcheck contracts export`" for d in drift]
     for p in problems:
         print(p)
