@@ -8,7 +8,14 @@ has not yet consumed) is caught up lazily at the next `draft`.
 Embedded MTP: cache entry i is the head run on (h_i, x_{i+1}), h_i being the
 *target's* hidden state at position i. Entries built from the head's own
 hidden state (depth >= 2) are speculative and are trimmed after verification.
-External assistant: its cache holds committed tokens like the target's.
+External assistant: its cache holds committed tokens like the target's. It
+can be cloned, so that a lookahead branch is drafted from a copy and its
+frontier kept for reuse (seed 000); after the prompt it consumes one token
+per forward, so a branch drafted ahead and the normal path compute every
+distribution with the same sequence of forwards, bit for bit.
+
+Drafting under a constraint masks each draw at its exact history and stops
+before a proposal would cross a grammar-complete boundary.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import numpy as np
 
 from mtpcheck.contracts import SamplingParams
 
-from .cache import cache_length, trim_cache
+from .cache import KVCache, RecurrentCache, cache_length, trim_cache
+from .constraints import FREE, Cursor, masked
 from .model import Model
 from .sampling import STREAM_DRAFT, process, sample, uniform
 
@@ -31,10 +39,24 @@ class DraftBlock:
     probs: np.ndarray  # [k, V] processed law each proposal was drawn from
     uniforms: list[float]  # [k] draft uniforms used
     position: int  # logical position of tokens[0]
+    frontier: object | None = None  # the assistant that drafted it, fed up to tokens[-2]
+
+    @classmethod
+    def empty(cls, position: int, vocab: int) -> DraftBlock:
+        return cls([], np.zeros((0, vocab)), [], position)
+
+    def append(self, tok: int, q: np.ndarray, u: float) -> None:
+        self.tokens.append(tok)
+        self.probs = np.concatenate([self.probs, q[None]])
+        self.uniforms.append(u)
+
+    def head(self, k: int) -> DraftBlock:
+        """The first k proposals (same position, same frontier)."""
+        return DraftBlock(self.tokens[:k], self.probs[:k], self.uniforms[:k], self.position, self.frontier)
 
 
-def _draw(logits: mx.array, sp: SamplingParams, history: list[int], seed: int, pos: int):
-    q = process(np.array(logits, dtype=np.float64), sp, history)
+def _draw(logits: mx.array, sp: SamplingParams, history: list[int], seed: int, pos: int, cursor: Cursor):
+    q = process(masked(np.array(logits, dtype=np.float64), cursor.mask), sp, history)
     u = uniform(seed, STREAM_DRAFT, pos)
     return sample(q, u), q, u
 
@@ -58,7 +80,8 @@ class MtpDrafter:
         for i in range(hidden.shape[0]):
             self.hidden[start + i] = hidden[i]
 
-    def draft(self, history: list[int], target_len: int, k: int, sp: SamplingParams, seed: int) -> DraftBlock:
+    def draft(self, history: list[int], target_len: int, k: int, sp: SamplingParams, seed: int,
+              cursor: Cursor = FREE) -> DraftBlock:
         # history: committed tokens incl. the pending one at index target_len
         n = target_len
         start = self.length
@@ -67,17 +90,15 @@ class MtpDrafter:
         nxt = mx.array(history[start + 1 : n + 1])[None]  # [1, L]
         out, logits = self.model.mtp_forward(h, nxt, self.cache)
         self.hidden = {i: v for i, v in self.hidden.items() if i >= n}
-        block = DraftBlock([], np.zeros((0, self.model.args.vocab_size)), [], n + 1)
-        qs = []
+        block = DraftBlock.empty(n + 1, self.model.args.vocab_size)
         for s in range(k):
-            pos = n + 1 + s
-            tok, q, u = _draw(logits[0, -1], sp, history + block.tokens, seed, pos)
-            block.tokens.append(tok)
-            qs.append(q)
-            block.uniforms.append(u)
+            if cursor.complete:
+                break
+            tok, q, u = _draw(logits[0, -1], sp, history + block.tokens, seed, n + 1 + s, cursor)
+            block.append(tok, q, u)
+            cursor = cursor.advance(tok)
             if s + 1 < k:  # recurrent reuse of the head: its own hidden + the proposal
                 out, logits = self.model.mtp_forward(out[:, -1:], mx.array([[tok]]), self.cache)
-        block.probs = np.stack(qs) if qs else block.probs
         return block
 
     def after_verify(self, target_len_before: int, target_len_after: int, hidden: mx.array) -> None:
@@ -92,9 +113,9 @@ class MtpDrafter:
 class AssistantDrafter:
     kind = "assistant"
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, cache: list | None = None):
         self.model = model
-        self.cache = model.make_cache()
+        self.cache = model.make_cache() if cache is None else cache
 
     @property
     def length(self) -> int:
@@ -103,20 +124,37 @@ class AssistantDrafter:
     def observe(self, start: int, hidden: mx.array) -> None:
         pass  # the assistant reads tokens, not the target's hidden states
 
-    def draft(self, history: list[int], target_len: int, k: int, sp: SamplingParams, seed: int) -> DraftBlock:
-        n = target_len
-        _, logits = self.model(mx.array(history[self.length : n + 1])[None], self.cache)
-        block = DraftBlock([], np.zeros((0, self.model.args.vocab_size)), [], n + 1)
-        qs = []
-        for s in range(k):
-            tok, q, u = _draw(logits[0, -1], sp, history + block.tokens, seed, n + 1 + s)
-            block.tokens.append(tok)
-            qs.append(q)
-            block.uniforms.append(u)
-            if s + 1 < k:
-                _, logits = self.model(mx.array([[tok]]), self.cache)
-        block.probs = np.stack(qs) if qs else block.probs
+    def draft(self, history: list[int], target_len: int, k: int, sp: SamplingParams, seed: int,
+              cursor: Cursor = FREE) -> DraftBlock:
+        # history: committed tokens incl. the pending one at index target_len
+        block = DraftBlock.empty(target_len + 1, self.model.args.vocab_size)
+        return self.extend(history[: target_len + 1], block, k, sp, seed, cursor)
+
+    def extend(self, history: list[int], block: DraftBlock, k: int, sp: SamplingParams, seed: int,
+               cursor: Cursor) -> DraftBlock:
+        """Draw proposals after history + block.tokens until the block holds k
+        (or the cursor, advanced past them, is complete)."""
+        while len(block.tokens) < k and not cursor.complete:
+            seq = history + block.tokens
+            tok, q, u = _draw(self._logits_after(seq), sp, seq, seed, len(seq), cursor)
+            block.append(tok, q, u)
+            cursor = cursor.advance(tok)
         return block
+
+    def _logits_after(self, seq: list[int]) -> mx.array:
+        """Feed what the cache lacks of seq -> logits [V] for position len(seq).
+        The prompt goes in one forward; later tokens one per forward (bitwise
+        reproducible whichever path fed them)."""
+        new = seq[self.length :]
+        if self.length == 0:
+            return self.model(mx.array(new)[None], self.cache)[1][0, -1]
+        for t in new:
+            _, logits = self.model(mx.array([[t]]), self.cache)
+        return logits[0, -1]
+
+    def clone(self) -> AssistantDrafter:
+        """An independent copy: drafting on it leaves this one untouched."""
+        return AssistantDrafter(self.model, [_copy_cache(c) for c in self.cache])
 
     def after_verify(self, target_len_before: int, target_len_after: int, hidden: mx.array) -> None:
         # entries past target_len_after hold rejected proposals
@@ -124,3 +162,15 @@ class AssistantDrafter:
 
     def state(self) -> list[mx.array]:
         return [a for c in self.cache for a in c.contents()]
+
+
+def _copy_cache(c):
+    if isinstance(c, KVCache):
+        new = KVCache()
+        if c.keys is not None:  # slicing copies: the clone's writes stay its own
+            new.keys, new.values = c.keys[:, :, : c.length], c.values[:, :, : c.length]
+        new.length = c.length
+        return new
+    new = RecurrentCache()
+    new.state, new.length, new.checkpoints = c.state, c.length, dict(c.checkpoints)
+    return new
