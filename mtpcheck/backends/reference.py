@@ -43,6 +43,9 @@ class ReferenceBackend:
             logprobs=True,
             traces=True,
             text=e.tokenizer is not None,
+            scheduler=True,
+            lookahead="assistant" in kinds,
+            constraints=True,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
@@ -60,6 +63,12 @@ class ReferenceBackend:
         _, logits = self.engine.target(mx.array(seq[:-1])[None])  # [1, P+C-1, V]
         rows = np.array(logits[0, len(prompt) - 1 :], dtype=np.float64)
         return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))])
+
+    def open_scheduler(self, lookahead: bool = True, adaptive_after: int | None = 8):
+        """A scheduling session (mtpcheck.scheduling.SchedulerSession) on this engine."""
+        from mtpcheck.engine.scheduler import Scheduler, SchedulerOptions
+
+        return Scheduler(self.engine, SchedulerOptions(lookahead=lookahead, adaptive_after=adaptive_after))
 
     def encode(self, text: str) -> list[int]:
         return self.engine.tokenizer.encode(text).ids
