@@ -65,6 +65,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)  # [B, H, offset+L, hd]
         mask = causal_mask(L, offset)
+        if mask is not None:
+            mask = mask.astype(q.dtype)  # the fused kernel wants the activations' dtype (bf16 on GPU)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=mask)
         return self.wo(o.transpose(0, 2, 1, 3).reshape(B, L, D))
 
@@ -165,12 +167,13 @@ class Model(nn.Module):
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, None if cache is None else cache[i])
-        return x, self.embed.as_linear(self.norm(x))
+        # logits leave in float32: the host reads them (bf16 has no numpy buffer format)
+        return x, self.embed.as_linear(self.norm(x)).astype(mx.float32)
 
     def mtp_forward(self, h: mx.array, next_tokens: mx.array, cache: list | None = None):
         """(h [B, L, D], x_{i+1} [B, L]) -> (head hidden [B, L, D], logits for x_{i+2} [B, L, V])."""
         out = self.mtp(h, self.embed(next_tokens), cache)
-        return out, self.embed.as_linear(self.mtp.norm(out))
+        return out, self.embed.as_linear(self.mtp.norm(out)).astype(mx.float32)
 
     def make_cache(self) -> list:
         return [KVCache() if k == "attn" else RecurrentCache() for k in self.args.kinds()]
