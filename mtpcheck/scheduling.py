@@ -14,6 +14,9 @@ import mlx.
 
 from __future__ import annotations
 
+import queue
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Literal, Protocol, runtime_checkable
 
@@ -171,11 +174,53 @@ class SchedulingBackend(Protocol):
 
 
 def open_session(backend, **options) -> SchedulerSession:
-    """The session of a (possibly guarded) backend that declares `scheduler`."""
+    """The session of a (possibly guarded) backend that declares `scheduler`;
+    behind a guarded backend every call gets its timeout and outcomes are validated."""
     inner = getattr(backend, "backend", backend)
     if not isinstance(inner, SchedulingBackend):
         raise BackendError(f"backend {type(inner).__name__} declares the scheduler capability but has no open_scheduler()")
-    return inner.open_scheduler(**options)
+    session = inner.open_scheduler(**options)
+    return _GuardedSession(session, backend.timeout) if inner is not backend else session
+
+
+class _GuardedSession:
+    """Every call runs on one worker thread of its own (MLX ties lazy arrays to
+    the thread that made them) and gets the guarded backend's timeout."""
+
+    def __init__(self, session, timeout: float | None):
+        self._session, self._timeout = session, timeout
+        self._jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._serve, args=(self._jobs,), daemon=True, name="mtpcheck:session").start()
+        weakref.finalize(self, self._jobs.put, None)  # stops the worker with the session
+
+    @staticmethod
+    def _serve(jobs: queue.Queue) -> None:
+        while (job := jobs.get()) is not None:
+            fn, box, done = job
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            done.set()
+
+    def _call(self, name: str, *args, **kwargs):
+        from mtpcheck.harness import BackendTimeout
+
+        fn, box, done = getattr(self._session, name), {}, threading.Event()
+        self._jobs.put((lambda: fn(*args, **kwargs), box, done))
+        if not done.wait(self._timeout):
+            raise BackendTimeout(f"{name}() did not return within {self._timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def __getattr__(self, name: str):
+        getattr(self._session, name)  # AttributeError now, not in the worker
+        return lambda *a, **kw: self._call(name, *a, **kw)
+
+    def outcome(self, request_id: int) -> ScheduledOutcome:
+        raw = self._call("outcome", request_id)
+        return raw if isinstance(raw, ScheduledOutcome) else ScheduledOutcome.model_validate(raw)
 
 
 def run_all(session: SchedulerSession) -> list[int]:

@@ -195,7 +195,7 @@ def test_lookahead_reuse_rate_on_the_fixture():
     from mtpcheck.checks import fixture_prompts
 
     backend = load_reference(drafter="assistant", depth=3)
-    rate = lookahead_reuse(backend, list(fixture_prompts(backend).values()))
+    rate = lookahead_reuse(backend, list(fixture_prompts(backend).values()), max_tokens=24)
     print(f"fixture lookahead: {rate}")
     assert rate["drafted"] > 0
 
@@ -213,3 +213,22 @@ def lookahead_reuse(backend, prompts, max_tokens=48, temperatures=(0.0, 1.0)) ->
     tot["reuse_rate"] = round(tot["reused"] / max(tot["drafted"], 1), 3)
     tot["match_rate"] = round(tot["bonus_matches"] / max(tot["bonus_matches"] + tot["bonus_mismatches"], 1), 3)
     return tot
+
+
+def test_a_hanging_session_call_is_a_named_timeout():
+    import time
+
+    from mtpcheck.harness import BackendTimeout
+
+    class Hangs:
+        def open_scheduler(self, **options):
+            return self
+
+        def step(self):
+            time.sleep(3)
+
+    class Guarded:
+        backend, timeout = Hangs(), 0.2
+
+    with pytest.raises(BackendTimeout, match="step"):
+        S.open_session(Guarded()).step()
