@@ -91,7 +91,7 @@ def load_reference(
         target,
         assistant,
         tokenizer=tokenizer,
-        eos_ids=tuple(meta.get("eos_token_ids", [meta.get("eos_token_id", 0)])),
+        eos_ids=(meta["tokenizer"]["eos_id"],),
         acceptance=acceptance,
         default_speculation=SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth)),
     )
