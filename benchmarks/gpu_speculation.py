@@ -179,6 +179,22 @@ def main(argv=None) -> int:
                                            "same_tokens_as_plain": res.tokens == ref}
             print(k, a, json.dumps(e2e[f"oracle_a{a}_depth{k}"]), flush=True)
     report["end_to_end"] = e2e
+
+    # -- the shipped tiny fixture (overhead-bound anywhere: absolute figures) ---------
+    from mtpcheck.backends.reference import load_reference
+    from mtpcheck.bench import measure, summarise
+    from mtpcheck.fixture import PROMPTS
+
+    for drafter in ("mtp", "assistant"):
+        backend = load_reference(drafter=drafter)
+        fixture = {}
+        for kind, text in PROMPTS.items():
+            rows = summarise(measure(backend, backend.encode(text), depths=(1, 2, 3, 4, 5), reps=args.reps, max_tokens=64))
+            fixture[kind] = rows
+            for r in rows:
+                print(drafter, kind, json.dumps({k: r[k] for k in ("depth", "tokens_per_s", "off_tokens_per_s", "speedup",
+                                                                  "predicted_speedup", "efficiency", "tokens_per_round")}), flush=True)
+        report[f"fixture_{drafter}"] = fixture
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=1))
