@@ -262,8 +262,8 @@ class Engine:
         if st.drafter is not None:
             st.drafter.observe(0, hidden[0])
         p = process(masked(np.array(logits[0, -1], dtype=np.float64), st.cursor.mask), sp, st.history)
-        tok = sample(p, uniform(st.seed, STREAM_TARGET, len(st.history)))
-        commit_tokens(st.out, st.matcher, [tok], [_logprob(p, tok)], st.req.max_tokens)
+        tok = sample(p, self.uniform(st.seed, STREAM_TARGET, len(st.history)))
+        self._commit(st, [tok], [_logprob(p, tok)])
         st.history.append(tok)
         self._commit_cursor_state(st, st.cursor.advance(tok))
         if st.observer:
@@ -349,7 +349,7 @@ class Engine:
 
     def verify(self, st: RequestState) -> None:
         """Verify the in-flight block, commit, roll back, resolve the branch."""
-        req, sp, cache, drafter, history = st.req, st.req.sampling, st.cache, st.drafter, st.history
+        sp, cache, drafter, history = st.req.sampling, st.cache, st.drafter, st.history
         f, st.inflight = st.inflight, None
         block = f.block
         n = cache_length(cache)  # == len(history) - 1; history[n] is pending
@@ -360,7 +360,7 @@ class Engine:
 
         emitted = block.tokens[: verdict.accepted] + [verdict.next_token]
         n_events = len(st.out.events)
-        c = commit_tokens(st.out, st.matcher, emitted, [_logprob(ps[j], t) for j, t in enumerate(emitted)], req.max_tokens)
+        c = self._commit(st, emitted, self._emitted_logprobs(ps, block, emitted))
         history += emitted[:c]
         trim_cache(cache, n + c)  # inputs x_n, d_1..d_{c-1} stay; the last emitted is pending
         if drafter is not None:
@@ -476,6 +476,19 @@ class Engine:
         if N is not None and look.resolved >= N and (look.reused == 0 or look.discarded > look.reused):
             look.disabled = True
 
+    # -- randomness and commit (seams that mtpcheck.mutants overrides) -----------
+    def uniform(self, seed: int, stream: int, position: int) -> float:
+        """Position-addressed randomness (sampling.uniform)."""
+        return uniform(seed, stream, position)
+
+    def _emitted_logprobs(self, ps: np.ndarray, block: DraftBlock, emitted: list[int]) -> list[float]:
+        """Logprob of each emitted token under the target law at its position."""
+        return [_logprob(ps[j], t) for j, t in enumerate(emitted)]
+
+    def _commit(self, st: RequestState, emitted: list[int], logprobs: list[float]) -> int:
+        """Commit the allowed prefix of a round's tokens (events.commit_tokens); returns how many."""
+        return commit_tokens(st.out, st.matcher, emitted, logprobs, st.req.max_tokens)
+
     # -- constraint state -------------------------------------------------------
     def _committed_cursor(self, cursor: Cursor, block: DraftBlock, verdict: Verdict, committed: list[int]) -> Cursor:
         """The request's constraint state moves by committed tokens only."""
@@ -498,8 +511,8 @@ class Engine:
             cursors.append(c.advance(d) if c.mask is None or c.mask[d] else c)
         ps = np.stack([process(masked(rows[j], cursors[j].mask), sp, history + block.tokens[:j]) for j in range(k + 1)])  # [k+1, V]
         positions = range(block.position, block.position + k + 1)
-        au = np.array([uniform(seed, STREAM_ACCEPT, pos) for pos in positions[:k]])
-        tu = np.array([uniform(seed, STREAM_TARGET, pos) for pos in positions])
+        au = np.array([self.uniform(seed, STREAM_ACCEPT, pos) for pos in positions[:k]])
+        tu = np.array([self.uniform(seed, STREAM_TARGET, pos) for pos in positions])
         verdict: Verdict = self.rule.verify(ps, block.probs, block.tokens, au, tu)
         return verdict, ps, au, tu, hidden[0]
 

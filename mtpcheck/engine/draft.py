@@ -75,6 +75,10 @@ class MtpDrafter:
     def length(self) -> int:
         return cache_length(self.cache)
 
+    def draw(self, logits, sp: SamplingParams, history: list[int], seed: int, pos: int, cursor: Cursor):
+        """One proposal: (token, processed law q, uniform); a seam that mtpcheck.mutants overrides."""
+        return _draw(logits, sp, history, seed, pos, cursor)
+
     def observe(self, start: int, hidden: mx.array) -> None:
         """Target hidden states [L, D] for positions start..start+L-1."""
         for i in range(hidden.shape[0]):
@@ -94,7 +98,7 @@ class MtpDrafter:
         for s in range(k):
             if cursor.complete:
                 break
-            tok, q, u = _draw(logits[0, -1], sp, history + block.tokens, seed, n + 1 + s, cursor)
+            tok, q, u = self.draw(logits[0, -1], sp, history + block.tokens, seed, n + 1 + s, cursor)
             block.append(tok, q, u)
             cursor = cursor.advance(tok)
             if s + 1 < k:  # recurrent reuse of the head: its own hidden + the proposal
@@ -121,6 +125,10 @@ class AssistantDrafter:
     def length(self) -> int:
         return cache_length(self.cache)
 
+    def draw(self, logits, sp: SamplingParams, history: list[int], seed: int, pos: int, cursor: Cursor):
+        """One proposal: (token, processed law q, uniform); a seam that mtpcheck.mutants overrides."""
+        return _draw(logits, sp, history, seed, pos, cursor)
+
     def observe(self, start: int, hidden: mx.array) -> None:
         pass  # the assistant reads tokens, not the target's hidden states
 
@@ -136,7 +144,7 @@ class AssistantDrafter:
         (or the cursor, advanced past them, is complete)."""
         while len(block.tokens) < k and not cursor.complete:
             seq = history + block.tokens
-            tok, q, u = _draw(self._logits_after(seq), sp, seq, seed, len(seq), cursor)
+            tok, q, u = self.draw(self._logits_after(seq), sp, seq, seed, len(seq), cursor)
             block.append(tok, q, u)
             cursor = cursor.advance(tok)
         return block
@@ -154,7 +162,7 @@ class AssistantDrafter:
 
     def clone(self) -> AssistantDrafter:
         """An independent copy: drafting on it leaves this one untouched."""
-        return AssistantDrafter(self.model, [_copy_cache(c) for c in self.cache])
+        return type(self)(self.model, [_copy_cache(c) for c in self.cache])
 
     def after_verify(self, target_len_before: int, target_len_after: int, hidden: mx.array) -> None:
         # entries past target_len_after hold rejected proposals
