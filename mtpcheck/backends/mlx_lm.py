@@ -1,0 +1,259 @@
+"""mlx-lm speculative decoding with a draft model as a backend (name "mlx-lm").
+
+Drives mlx-lm through its public entry points only:
+
+* loading: ``mlx_lm.load`` for the target and for the draft model;
+* generation: ``mlx_lm.generate.speculative_generate_step(prompt, model,
+  draft_model, num_draft_tokens=depth, ...)`` with speculation on and
+  ``mlx_lm.generate.generate_step`` with it off, on the same loaded target;
+* statistics: mlx-lm exposes one flag per token, ``from_draft``: a round is a
+  run of accepted draft tokens (from_draft=True) closed by the target's own
+  token (from_draft=False), or cut by the budget. Proposals per round are not
+  exposed; they follow mlx-lm's rule ``min(max_tokens - emitted, num_draft_tokens)``.
+  After a stop the rest of the current round (already computed) is drained,
+  never committed, so that the round's statistics are complete.
+
+mlx-lm's first token comes out of the first verification round (the draft
+proposes it); there is no target-only prefill token as in mlx-vlm or the
+reference engine, so emitted tokens = accepted + rounds, not 1 + accepted +
+rounds (docs/backends/mlx-lm.md).
+
+Sampling: one sampler callable serves draft and target and draws from
+mlx-lm's one global random stream (``mx.random.seed(seed)`` before each call
+makes a seeded call repeatable; seeded output differs between speculation on
+and off at temperature > 0, the law does not). Controls are mapped as in
+:mod:`mtpcheck.backends.mlx_vlm`: mlx-lm's ``make_sampler`` where its order
+gives the contract's law exactly, else a sampler composed of mlx-lm's public
+filters in the contract's order. Penalties and logit bias go to mlx-lm as
+``logits_processors``, with speculation as without (mlx-lm's speculative step
+takes them), with the whole history as context.
+
+mlx-lm's log-probabilities are those of the raw logits (after processors,
+before temperature and filters), not of the processed law: ``logprobs`` is
+not declared.
+
+Import this module freely: mlx-lm is imported when a backend is loaded.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mtpcheck.backends.mlx_vlm import (
+    check_request,
+    composed_sampler,
+    drive,
+    library_sampling,
+    library_version,
+    penalty_processors,
+    report,
+    require_library,
+    resolve_drafter,
+    teacher_forced,
+)
+from mtpcheck.contracts import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SpeculationRequest,
+    SpeculationUnavailableError,
+)
+
+MAX_DEPTH = 8
+EXTRA = "mlx-lm"
+PENALTY_CONTROLS = ["repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
+
+
+def fixture_dir() -> Path:
+    from mtpcheck.fixture.realbackends import REAL_DIR
+
+    return REAL_DIR / "mlx_lm"
+
+
+class RoundCounter:
+    """Per-round statistics from mlx-lm's ``from_draft`` flags."""
+
+    def __init__(self, depth: int, max_tokens: int):
+        self.depth, self.max_tokens = depth, max_tokens
+        self.accept_lens: list[int] = []
+        self.draft_lens: list[int] = []
+        self.seen = 0  # tokens the library has yielded
+        self.open = False
+
+    def see(self, from_draft: bool) -> bool:
+        """Count one yielded token; True when it closes a round."""
+        if not self.open:
+            self.accept_lens.append(0)
+            self.draft_lens.append(min(self.max_tokens - self.seen, self.depth))
+            self.open = True
+        self.seen += 1
+        if from_draft:
+            self.accept_lens[-1] += 1
+            if self.seen >= self.max_tokens:
+                self.open = False
+                return True
+            return False
+        self.open = False
+        return True
+
+
+class MlxLmBackend:
+    """One loaded mlx-lm target and its draft model. Options of
+    :func:`load_mlx_lm`: path, target, draft, depth, speculation."""
+
+    runtime = "mlx_lm"
+
+    def __init__(self, model, tokenizer, draft_model, *, target_path: Path, draft_path: Path, depth: int,
+                 speculation: bool, vocab_size: int, eos_ids: list[int]):
+        self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
+        self.target_path, self.draft_path = target_path, draft_path
+        self.vocab_size, self.eos_ids = vocab_size, eos_ids
+        self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter="assistant",
+                                          num_draft_tokens=depth)
+        self.version = library_version("mlx-lm")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            name="mlx-lm",
+            version=f"mlx-lm {self.version}",
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_ids,
+            mtp_kinds=["assistant"],
+            max_depth=MAX_DEPTH,
+            acceptance_rule="exact_match",
+            seeded_determinism=True,
+            position_addressed_target_sampling=False,
+            speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", *PENALTY_CONTROLS],
+            target_distributions=True,
+            logprobs=False,
+            traces=False,
+            text=True,
+            notes=(f"draft model {self.draft_path.name}/, default depth {self.default.num_draft_tokens}; one shared "
+                   "random stream for draft and target (seeded output differs between speculation on and off at "
+                   "temperature > 0); the first token comes from the first verification round; mlx-lm's logprobs "
+                   "are of the raw logits, not declared"),
+        )
+
+    # -- text
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    # -- generation
+    def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
+        spec = req.speculation or self.default
+        if spec.mode == "off":
+            return spec, False, 0, "not_requested", "speculation is off for this call"
+        depth = spec.num_draft_tokens or self.default.num_draft_tokens or 2
+        reason, message = resolve_drafter(spec, "assistant", str(self.draft_path))
+        if reason is None and depth > MAX_DEPTH:
+            reason, message = "depth_exceeds_capability", f"num_draft_tokens={depth} exceeds this adapter's maximum {MAX_DEPTH}"
+        if reason is not None:
+            if spec.require_acceleration:
+                raise SpeculationUnavailableError(reason, message)
+            return spec, False, depth, reason, message
+        return spec, True, depth, None, None
+
+    def sampler(self, sp: SamplingParams, sample_utils):
+        if sp.temperature == 0.0:
+            return None  # mlx-lm's greedy_sampler
+        args = library_sampling(sp)
+        if args is not None:
+            if args["top_k"] >= self.vocab_size:
+                args["top_k"] = 0
+            return sample_utils.make_sampler(**args)
+        return composed_sampler(sp, sample_utils)
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        import mlx.core as mx
+
+        gen = require_library("mlx_lm.generate", EXTRA)
+        sample_utils = require_library("mlx_lm.sample_utils", EXTRA)
+        check_request(request, self.vocab_size)
+        spec, used, depth, reason, message = self.plan(request)
+        sp = request.sampling
+        seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(2**31)
+        kwargs: dict[str, Any] = {"max_tokens": request.max_tokens, "sampler": self.sampler(sp, sample_utils)}
+        if sp.speculation_blockers():
+            context = len(request.prompt_tokens) + request.max_tokens
+            kwargs["logits_processors"] = penalty_processors(sp, context, sample_utils)
+        eos = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        prompt = mx.array(request.prompt_tokens, dtype=mx.uint32)
+        mx.random.seed(seed % 2**32)
+        counter = RoundCounter(depth, request.max_tokens)
+        if used:
+            raw = gen.speculative_generate_step(prompt, self.model, self.draft_model, num_draft_tokens=depth, **kwargs)
+
+            def counted():
+                for tok, _, from_draft in raw:
+                    yield tok, counter.see(bool(from_draft))
+
+            stream, close = counted(), raw.close
+        else:
+            raw = gen.generate_step(prompt, self.model, **kwargs)
+            stream, close = ((tok, True) for tok, _ in raw), raw.close
+        try:
+            out = drive(stream, request, eos, self.decode, round_end=(lambda item: item[1]) if used else None)
+        finally:
+            close()
+        return GenerationResult(
+            tokens=out.tokens,
+            text=out.text_published,
+            finish_reason=out.finish_reason,
+            logprobs=None,
+            events=out.events,
+            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
+                               drafter=str(self.draft_path), depth=depth, draft_kind="assistant",
+                               runtime=self.runtime, reason=reason, message=message,
+                               accept_lens=counter.accept_lens, draft_lens=counter.draft_lens),
+            seed=seed,
+        )
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+        if not continuation:
+            return np.zeros((0, self.vocab_size))
+        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return teacher_forced(lambda x, cache: self.model(x, cache=cache), make_prompt_cache(self.model), prompt,
+                              continuation, sampling)
+
+
+def load_mlx_lm(
+    path: str | Path | None = None,
+    target: str | Path | None = None,
+    draft: str | Path | None = None,
+    depth: int | str = 3,
+    speculation: str | bool = True,
+) -> MlxLmBackend:
+    """Load an mlx-lm target and its draft model (default: the shipped fixture
+    ``mtpcheck/fixture/real/mlx_lm``: ``target/`` and ``draft/``).
+
+    Options (strings from --mtp-backend-option): path (folder holding target/
+    and draft/), target, draft, depth (default 3), speculation (on|off: the
+    loaded default)."""
+    require_library("mlx_lm", EXTRA)
+    from mlx_lm import load
+
+    base = Path(path) if path else fixture_dir()
+    target_path = Path(target) if target else base / "target"
+    draft_path = Path(draft) if draft else base / "draft"
+    model, tokenizer = load(str(target_path))
+    draft_model, draft_tokenizer = load(str(draft_path))
+    vocab = int(model.args.vocab_size)
+    if int(draft_model.args.vocab_size) != vocab or draft_tokenizer.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"draft model {draft_path} does not share the target's vocabulary ({vocab})")
+    eos = sorted(int(e) for e in getattr(tokenizer, "eos_token_ids", []) or [])
+    if not eos and getattr(model.args, "eos_token_id", None) is not None:
+        eos = [int(model.args.eos_token_id)]
+    if isinstance(speculation, str):
+        speculation = speculation.lower() not in ("off", "false", "0", "no")
+    return MlxLmBackend(model, tokenizer, draft_model, target_path=target_path, draft_path=draft_path,
+                        depth=int(depth), speculation=bool(speculation), vocab_size=vocab, eos_ids=eos)
