@@ -100,6 +100,11 @@ def measure(backend, prompt: list[int], depths=(1, 2, 3, 4, 5), reps: int = 5, m
     return sweep.arms
 
 
+def _median_per_round(seconds: list[float], rounds: list[int]) -> float:
+    per = [s / r for s, r in zip(seconds, rounds, strict=True) if r > 0]
+    return statistics.median(per) if per else 0.0
+
+
 def summarise(arms: dict[int, Arm]) -> list[dict]:
     """One row per depth: realised and predicted speedup, efficiency, acceptance."""
     off = arms[0]
@@ -108,9 +113,10 @@ def summarise(arms: dict[int, Arm]) -> list[dict]:
     for d, arm in sorted(arms.items()):
         if d == 0:
             continue
-        rounds = max(sum(arm.rounds), 1)
-        draft_per_round = sum(arm.draft_s) / rounds
-        verify_per_round = sum(arm.verify_s) / rounds
+        # per-repetition costs per round, then medians (as for tokens/s): a load
+        # spike in one repetition moves neither c nor v
+        draft_per_round = _median_per_round(arm.draft_s, arm.rounds)
+        verify_per_round = _median_per_round(arm.verify_s, arm.rounds)
         c = (draft_per_round / max(d, 1)) / t_plain  # one draft token, in plain steps
         v = verify_per_round / t_plain  # one verification, in plain steps
         predicted = arm.per_round() / (d * c + v) if (d * c + v) > 0 else float("nan")
