@@ -454,7 +454,7 @@ def run(args) -> int:
         os.environ[ENV_BACKENDS] = args.backend
     if args.dir:
         os.environ[ENV_DIR] = str(Path(args.dir).resolve())
-    pytest_args = [str(tests), "-p", "no:cacheprovider", "-q", "-rs"]
+    pytest_args = [str(tests), "-p", "no:cacheprovider", "-q", "-rs", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if args.action == "update":
         pytest_args.append("--snapshot-update")
     return int(pytest.main(pytest_args))
