@@ -2,7 +2,8 @@
 `mtpcheck bench` and the benchmark gates.
 
 Repetitions are interleaved (off, on@1, ..., on@5, off, ...) so that drift of
-a noisy machine hits every arm alike; figures are medians. The predicted
+a noisy machine hits every arm alike; figures are paired by repetition, then
+medians (see `summarise`). The predicted
 speedup follows Leviathan et al. (2023): expected tokens per round over the
 cost of one round (k drafts plus one verification of k+1 positions), in
 units of one plain decoding step, from the backend's own measured costs.
@@ -100,31 +101,48 @@ def measure(backend, prompt: list[int], depths=(1, 2, 3, 4, 5), reps: int = 5, m
     return sweep.arms
 
 
-def _median_per_round(seconds: list[float], rounds: list[int]) -> float:
-    per = [s / r for s, r in zip(seconds, rounds, strict=True) if r > 0]
-    return statistics.median(per) if per else 0.0
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def summarise(arms: dict[int, Arm]) -> list[dict]:
-    """One row per depth: realised and predicted speedup, efficiency, acceptance."""
+    """One row per depth: realised and predicted speedup, efficiency, acceptance.
+
+    Repetition i of every arm ran back to back (interleaved), so figures are
+    paired by repetition, then medians: realised speedup = median over i of
+    tok/s(on, i) / tok/s(off, i); c and v = medians over i of that
+    repetition's draft cost per proposal and verification cost per round, in
+    units of its plain step 1 / tok/s(off, i); predicted = tokens per round /
+    (d*c + v); efficiency = median over i of realised_i / predicted_i (the
+    share of the speculative run's time that its draft and verify components
+    account for; 1 - efficiency is the overhead). A load spike in one
+    repetition moves none of them."""
     off = arms[0]
-    t_plain = 1.0 / off.tokens_per_s()  # seconds per plain token
+    off_tps = [t / s for t, s in zip(off.tokens, off.seconds, strict=True)]
     rows = []
     for d, arm in sorted(arms.items()):
         if d == 0:
             continue
-        # per-repetition costs per round, then medians (as for tokens/s): a load
-        # spike in one repetition moves neither c nor v
-        draft_per_round = _median_per_round(arm.draft_s, arm.rounds)
-        verify_per_round = _median_per_round(arm.verify_s, arm.rounds)
-        c = (draft_per_round / max(d, 1)) / t_plain  # one draft token, in plain steps
-        v = verify_per_round / t_plain  # one verification, in plain steps
-        predicted = arm.per_round() / (d * c + v) if (d * c + v) > 0 else float("nan")
-        realised = arm.tokens_per_s() / off.tokens_per_s()
+        on_tps = [t / s for t, s in zip(arm.tokens, arm.seconds, strict=True)]
+        per_round = arm.per_round()
+        ratios, cs, vs, effs = [], [], [], []
+        for i in range(min(len(on_tps), len(off_tps))):
+            ratios.append(on_tps[i] / off_tps[i])
+            if not arm.rounds[i]:
+                continue
+            t_plain = 1.0 / off_tps[i]  # seconds per plain token in this repetition
+            c_i = arm.draft_s[i] / arm.rounds[i] / d / t_plain  # one draft token, in plain steps
+            v_i = arm.verify_s[i] / arm.rounds[i] / t_plain  # one verification, in plain steps
+            cs.append(c_i)
+            vs.append(v_i)
+            if d * c_i + v_i > 0:
+                effs.append(ratios[-1] / (per_round / (d * c_i + v_i)))
+        c, v = (_median(cs), _median(vs)) if cs else (0.0, 0.0)
+        predicted = per_round / (d * c + v) if (d * c + v) > 0 else float("nan")
         rows.append({
             "depth": d, "tokens_per_s": arm.tokens_per_s(), "off_tokens_per_s": off.tokens_per_s(),
-            "speedup": realised, "predicted_speedup": predicted, "efficiency": realised / predicted,
-            "tokens_per_round": arm.per_round(), "mean_accepted": arm.mean_accepted(),
+            "speedup": _median(ratios), "predicted_speedup": predicted, "efficiency": _median(effs),
+            "tokens_per_round": per_round, "mean_accepted": arm.mean_accepted(),
             "acceptance_by_position": arm.acceptance_by_position(), "draft_cost_c": c, "verify_cost_v": v,
         })
     return rows

@@ -155,3 +155,28 @@ def test_sweep_interleaves_and_records_only_after_warmup():
     assert [len(arms[d].seconds) for d in (0, 1, 2)] == [2, 2, 2]
     assert arms[2].acceptance_by_position() == [0.5, 0.5]
     assert arms[2].per_round() == 2.0
+
+
+def test_summarise_pairs_repetitions_and_efficiency_is_the_modelled_share():
+    """Off and on of one repetition ran back to back: a slow repetition (drift)
+    moves neither the paired speedup nor the efficiency. Components that
+    account for 90% of the speculative time give efficiency 0.9."""
+    off, on = bench.Arm(0), bench.Arm(1)
+    for s_off, s_on in ((1.0, 0.5), (3.0, 1.5), (1.0, 2.0)):  # the third repetition: a spike on the on arm
+        off.seconds.append(s_off)
+        off.tokens.append(10)
+        off.rounds.append(0)
+        off.draft_s.append(0.0)
+        off.verify_s.append(0.0)
+        on.seconds.append(s_on)
+        on.tokens.append(10)
+        on.rounds.append(5)
+        on.accept_lens += [1] * 5
+        on.draft_lens += [1] * 5
+        on.draft_s.append(0.3 * s_on)
+        on.verify_s.append(0.6 * s_on)
+    (row,) = bench.summarise({0: off, 1: on})
+    assert row["speedup"] == pytest.approx(2.0)  # paired: 2, 2, 0.5 (unpaired medians would give 0.67)
+    assert row["tokens_per_round"] == 2.0
+    assert row["efficiency"] == pytest.approx(0.9)
+    assert row["acceptance_by_position"] == [1.0]
