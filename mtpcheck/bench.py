@@ -137,8 +137,10 @@ def summarise(arms: dict[int, Arm]) -> list[dict]:
             vs.append(v_i)
             if d * c_i + v_i > 0:
                 effs.append(ratios[-1] / (per_round / (d * c_i + v_i)))
-        c, v = (_median(cs), _median(vs)) if cs else (0.0, 0.0)
-        predicted = per_round / (d * c + v) if (d * c + v) > 0 else float("nan")
+        if not any(arm.draft_s) and not any(arm.verify_s):  # the backend reports no component timings
+            cs, vs, effs = [], [], []
+        c, v = _median(cs), _median(vs)
+        predicted = per_round / (d * c + v) if math.isfinite(c + v) and (d * c + v) > 0 else float("nan")
         rows.append({
             "depth": d, "tokens_per_s": arm.tokens_per_s(), "off_tokens_per_s": off.tokens_per_s(),
             "speedup": _median(ratios), "predicted_speedup": predicted, "efficiency": _median(effs),

@@ -180,3 +180,19 @@ def test_summarise_pairs_repetitions_and_efficiency_is_the_modelled_share():
     assert row["tokens_per_round"] == 2.0
     assert row["efficiency"] == pytest.approx(0.9)
     assert row["acceptance_by_position"] == [1.0]
+
+
+def test_a_backend_without_component_timings_has_no_prediction():
+    off, on = bench.Arm(0), bench.Arm(2)
+    for arm, rounds in ((off, 0), (on, 4)):
+        arm.seconds.append(1.0)
+        arm.tokens.append(8)
+        arm.rounds.append(rounds)
+        arm.draft_s.append(0.0)
+        arm.verify_s.append(0.0)
+    on.accept_lens += [1, 1, 1, 1]
+    on.draft_lens += [2, 2, 2, 2]
+    (row,) = bench.summarise({0: off, 2: on})
+    assert row["speedup"] == 1.0 and row["acceptance_by_position"] == [1.0, 0.0]
+    assert all(math.isnan(row[k]) for k in ("draft_cost_c", "verify_cost_v", "predicted_speedup", "efficiency"))
+    assert "n/a" in bench.format_table([row])[-1]
