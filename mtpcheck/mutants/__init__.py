@@ -1,12 +1,18 @@
 """Deliberately broken backends: the reference engine with one bug each, put
 where a runtime would have it (BUG-CLASSES.md). The suite must fail each on
 the clauses it declares; `mtpcheck.mutants:load_mutant` is a backend factory.
+
+The zoo (one or more mutants per bug class B01-B17) lives in
+`mtpcheck.mutants.zoo`; `python -m mtpcheck.mutants.run` (`mtpcheck mutants`)
+runs the suite against every mutant and writes the kill matrix
+(docs/mutants.md). Importing this module does not import mlx.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,10 +20,22 @@ import numpy as np
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    bug_class: str
+    bug_class: str  # B01-B17, or "-" for a bug outside the classes
     description: str
     clauses: tuple[str, ...]  # clauses expected to catch it
-    apply: Callable  # engine -> None, mutating it in place
+    apply: Callable  # engine -> None, mutating it in place (backend -> None when scope == "backend")
+    options: dict[str, str] = field(default_factory=dict)  # base backend options the bug needs (drafter, twin, ...)
+    scope: str = "engine"
+
+
+def _zoo(function: str, **kwargs) -> Callable:
+    """A bug from mtpcheck.mutants.zoo, imported (with mlx) only when applied."""
+
+    def apply(target) -> None:
+        getattr(importlib.import_module("mtpcheck.mutants.zoo"), function)(target, **kwargs)
+
+    apply.__name__ = function
+    return apply
 
 
 # -- the bugs ----------------------------------------------------------------
@@ -81,17 +99,97 @@ def _recurrent_state_not_restored(engine) -> None:
     engine.target.make_cache = lambda: [KVCache() if k == "attn" else StaleState() for k in kinds]
 
 
-MUTANTS: dict[str, Mutant] = {
-    m.name: m
-    for m in [
-        Mutant("one-sided-temperature", "B02", "target law left at temperature 1 in verification",
-               ("DIST-EQUIV", "TRACE-ACCEPT"), _one_sided_temperature),
-        Mutant("unnormalised-residual", "B04", "residual (p-q)+ sampled unnormalised, leftover to the mode",
-               ("TRACE-RESIDUAL-BONUS",), _unnormalised_residual),
-        Mutant("recurrent-state-not-restored", "B08", "recurrent state keeps the rejected suffix",
-               ("GREEDY-EQUIV", "TRACE-ACCEPT"), _recurrent_state_not_restored),
-    ]
-}
+TWIN = {"twin": "1", "drafter": "assistant"}  # the target drafts for itself: long accepted blocks, a bonus every round
+ASSISTANT = {"drafter": "assistant"}
+
+ZOO: list[Mutant] = [
+    Mutant("argmax-draft", "B01", "the drafter proposes the mode of q but reports q (softmax) to verification",
+           ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("argmax_draft")),
+    Mutant("one-sided-temperature", "B02", "target law left at temperature 1 in verification",
+           ("DIST-EQUIV", "TRACE-ACCEPT"), _one_sided_temperature),
+    Mutant("target-filters-dropped", "B02", "top-k/top-p/min-p applied to the draft law only, not the target's",
+           ("DIST-ZERO", "DIST-EQUIV", "TRACE-ACCEPT"), _zoo("target_filters_dropped")),
+    Mutant("draft-sampler-unprocessed", "B02", "the drafter samples the raw softmax but reports the processed q",
+           ("TRACE-ACCEPT", "GREEDY-EQUIV", "DIST-ZERO", "DIST-EQUIV"), _zoo("draft_sampler_unprocessed")),
+    Mutant("argmax-verification", "B03", "T > 0 verified by argmax: accept iff the proposal is the target's mode",
+           ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("argmax_verification")),
+    Mutant("unnormalised-residual", "B04", "residual (p-q)+ sampled unnormalised, leftover to the mode",
+           ("TRACE-RESIDUAL-BONUS",), _unnormalised_residual),
+    Mutant("residual-from-p", "B04", "on rejection the correction is drawn from p instead of (p-q)+",
+           ("TRACE-RESIDUAL-BONUS",), _zoo("residual_from_p")),
+    Mutant("residual-softmax", "B04", "on rejection the correction is drawn from softmax(p - q)",
+           ("TRACE-RESIDUAL-BONUS", "DIST-ZERO", "DIST-EQUIV"), _zoo("residual_softmax")),
+    Mutant("onehot-q", "B05", "acceptance and residual use q = one-hot(proposal) for a sampled draft",
+           ("TRACE-ACCEPT",), _zoo("onehot_q")),
+    Mutant("onehot-q-acceptance", "B05", "acceptance uses q = one-hot(proposal), the residual the real q",
+           ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("onehot_q_acceptance")),
+    Mutant("first-proposal-unverified", "B06", "the verification loop starts at the second proposal",
+           ("GREEDY-EQUIV", "TRACE-ACCEPT"), _zoo("first_proposal_unverified")),
+    Mutant("target-rows-shifted", "B06", "proposal j verified against the target law of position j+1",
+           ("GREEDY-EQUIV", "TRACE-ACCEPT"), _zoo("target_rows_shifted")),
+    Mutant("bonus-from-previous-position", "B07", "the bonus is drawn from p_k instead of p_{k+1}",
+           ("TRACE-RESIDUAL-BONUS", "GREEDY-EQUIV"), _zoo("bonus_from_previous_position"), TWIN),
+    Mutant("bonus-fed-twice", "B07", "the bonus is written into the target cache and fed again",
+           ("GREEDY-EQUIV", "TRACE-ACCEPT"), _zoo("bonus_fed_twice"), TWIN),
+    Mutant("leads-with-last-proposal", "B07", "after a full block the next verification is led by d_k, not the bonus",
+           ("BONUS-UNCACHED", "GREEDY-EQUIV"), _zoo("leads_with_last_proposal"), TWIN),
+    Mutant("recurrent-state-not-restored", "B08", "recurrent state keeps the rejected suffix",
+           ("GREEDY-EQUIV", "TRACE-ACCEPT"), _recurrent_state_not_restored),
+    Mutant("assistant-not-rolled-back", "B08", "the assistant's KV cache keeps rejected proposals",
+           ("TRACE-ROLLBACK", "DRAFT-FRESH"), _zoo("assistant_not_rolled_back"), ASSISTANT),
+    Mutant("constraint-advanced-by-rejected", "B09", "the grammar state takes the rejected proposal, not the correction",
+           ("CONSTRAINT-ROLLBACK", "CONSTRAINT-EMIT", "CONSTRAINT-MASK"), _zoo("constraint_advanced_by_rejected")),
+    Mutant("unmasked-drafter", "B09", "draft laws not masked by the constraint (the target's are)",
+           ("CONSTRAINT-MASK",), _zoo("unmasked_drafter")),
+    Mutant("stop-checked-per-block", "B10", "EOS and stop strings checked on the last token of a block only",
+           ("STOP-IN-BLOCK",), _zoo("stop_checked_per_block"), TWIN),
+    Mutant("counts-rejected-tail", "B11", "accepted counts include the rejected tail",
+           ("STATS-CONSISTENT", "SCHED-CANCEL"), _zoo("counts_rejected_tail")),
+    Mutant("counts-cancelled-round", "B11", "a cancel counts the in-flight block as a verified round",
+           ("SCHED-CANCEL",), _zoo("counts_cancelled_round")),
+    Mutant("uncounted-branch-discards", "B11", "lookahead tokens discarded after a rejection are not counted",
+           ("LOOKAHEAD-STATS",), _zoo("uncounted_branch_discards")),
+    Mutant("shared-random-stream", "B12", "one random stream reseeded per request (mlx-lm style)",
+           ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"), _zoo("shared_random_stream")),
+    Mutant("unseeded-acceptance", "B12", "acceptance uniforms from an unseeded generator",
+           ("SEED-DETERMINISM", "SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"),
+           _zoo("unseeded_acceptance")),
+    Mutant("exact-match-shared-stream", "B12", "exact-match acceptance over one shared random stream",
+           ("SEED-SPEC-EQUALS-PLAIN", "SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"),
+           _zoo("shared_random_stream"), {"acceptance": "exact_match"}),
+    Mutant("lenient-acceptance", "B13", "accept with min(1, p / (0.5 q)): a relaxed threshold",
+           ("TRACE-ACCEPT",), _zoo("lenient_acceptance", lam=0.5)),
+    Mutant("typical-acceptance", "B13", "Medusa typical acceptance: p(d) > min(0.09, 0.3 exp(-H(p)))",
+           ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("typical_acceptance")),
+    Mutant("confident-draft-accepted", "B13", "a proposal with q(d) >= 0.25 is accepted without the target",
+           ("TRACE-ACCEPT", "DIST-ZERO", "DIST-EQUIV"), _zoo("confident_draft_accepted")),
+    Mutant("draft-logprobs", "B14", "accepted proposals report the draft's logprob",
+           ("LOGPROBS",), _zoo("draft_logprobs")),
+    Mutant("zero-logprobs", "B14", "accepted proposals report logprob 0",
+           ("LOGPROBS",), _zoo("zero_logprobs")),
+    Mutant("promotes-after-partial-acceptance", "B15", "a lookahead branch promoted when its first token equals a correction",
+           ("LOOKAHEAD-PROMOTION", "LOOKAHEAD-EQUIV"), _zoo("promotes_after_partial_acceptance")),
+    Mutant("ignores-require-acceleration", "B16", "require_acceleration not honoured: runs unaccelerated",
+           ("REPORT-NO-SILENT-FALLBACK",), _zoo("ignores_require_acceleration")),
+    Mutant("drops-penalties", "B16", "speculates with penalties and logit bias, and drops them",
+           ("REPORT-NO-SILENT-FALLBACK",), _zoo("drops_penalties")),
+    Mutant("fallback-reported-as-used", "B16", "drafter silently not started; target-only output reported as speculative",
+           ("REPORT-HONEST", "REPORT-DEPTH"), _zoo("fallback_reported_as_used")),
+    Mutant("unreported-fallback", "B16", "drafter silently not started; used=false without a reason",
+           ("REPORT-HONEST", "REPORT-DEPTH"), _zoo("unreported_fallback")),
+    Mutant("off-block-ignored", "B16", "speculation=off read as the loaded default",
+           ("REQ-BLOCK", "REPORT-HONEST"), _zoo("off_block_ignored")),
+    Mutant("sticky-override", "B16", "a per-call depth override becomes the default",
+           ("REQ-OVERRIDE",), _zoo("sticky_override")),
+    Mutant("drafter-silently-disabled", "B17", "drafting silently stops after two rounds; still reported as used",
+           ("REPORT-DEPTH",), _zoo("drafter_silently_disabled")),
+    Mutant("stale-hidden-state", "B17", "the MTP head reads the target's hidden states one row late after verification",
+           ("DRAFT-FRESH",), _zoo("stale_hidden_state")),
+    Mutant("starving-scheduler", "-", "the scheduler always serves the lowest runnable request id",
+           ("SCHED-FAIR",), _zoo("starving_scheduler"), scope="backend"),
+]
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
 
 
 def load_mutant(name: str, base: str = "toy", **options: str):
@@ -101,7 +199,8 @@ def load_mutant(name: str, base: str = "toy", **options: str):
 
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
-    backend = load_backend(base, options)
-    MUTANTS[name].apply(backend.engine)
+    m = MUTANTS[name]
+    backend = load_backend(base, {**m.options, **options})
+    m.apply(backend if m.scope == "backend" else backend.engine)
     backend.engine.name = f"mutant:{name}"
     return backend

@@ -1,0 +1,702 @@
+"""The mutant zoo's bugs: the reference engine with one bug each, put where a
+runtime has it (BUG-CLASSES.md, B01-B17).
+
+Every bug is a subclass of one of the engine's own objects - the acceptance
+rule, a drafter, the engine's planning / commit / statistics / randomness
+methods, the scheduler - so the mutant runs the real code path with the bug
+in it; nothing fakes a result. `mtpcheck.mutants.MUTANTS` names them and
+declares the clauses expected to catch each one.
+
+Imports mlx: loaded only when a mutant is applied (mtpcheck.mutants stays
+mlx-free on import).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import mlx.core as mx
+import numpy as np
+
+from mtpcheck.contracts import SamplingParams
+from mtpcheck.engine.acceptance import (
+    Rule,
+    Verdict,
+    exact_match_correction,
+    rejection_accept_probability,
+    rejection_correction,
+)
+from mtpcheck.engine.cache import trim_cache
+from mtpcheck.engine.constraints import FREE, masked
+from mtpcheck.engine.decode import Engine, Plan
+from mtpcheck.engine.draft import AssistantDrafter, DraftBlock, MtpDrafter
+from mtpcheck.engine.sampling import STREAM_ACCEPT, process, sample
+
+PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
+
+
+# -- how a bug is put into the engine ------------------------------------------------
+
+
+def become(obj, cls: type) -> None:
+    """Subclass an object in place: its class becomes `cls` on top of its own class."""
+    base = type(obj)
+    obj.__class__ = cls if issubclass(cls, base) else type(cls.__name__, (cls, base), {})
+
+
+def with_drafters(engine: Engine, mixin: type, only: tuple[type, ...] = (MtpDrafter, AssistantDrafter),
+                  attrs: dict | None = None) -> None:
+    """The engine builds its drafters (of the kinds in `only`) with `mixin` on
+    top: the drafter is where the bug lives. `attrs` become class attributes."""
+    kinds = {base: type(f"{mixin.__name__}{base.__name__}", (mixin, base), dict(attrs or {})) for base in only}
+    make = engine.make_drafter
+
+    def make_drafter(plan):
+        d = make(plan)
+        if type(d) in kinds:
+            d.__class__ = kinds[type(d)]
+        return d
+
+    engine.make_drafter = make_drafter
+
+
+def with_rule(engine: Engine, verify, accept=None, correction=None) -> None:
+    """Replace the acceptance rule's decision procedure; the rule keeps its name
+    (the runtime still claims the rule it declares)."""
+    r = engine.rule
+    engine.rule = Rule(r.name, accept or r.accept_probability, correction or r.correction, verify)
+
+
+def _onehot(i: int, n: int) -> np.ndarray:
+    e = np.zeros(n)
+    e[i] = 1.0
+    return e
+
+
+def rejection_verify(accept, correction):
+    """The rejection rule's decision procedure over the given laws (as
+    acceptance.verify_rejection, which is this with the correct laws)."""
+
+    def verify(ps, qs, proposals, au, tu):
+        for j, d in enumerate(proposals):
+            if not au[j] < accept(ps[j], qs[j], d):
+                law = correction(ps[j], qs[j], d)
+                return Verdict(j, sample(law, tu[j]), "correction", law)
+        k = len(proposals)
+        return Verdict(k, sample(ps[k], tu[k]), "bonus", ps[k])
+
+    return verify
+
+
+# -- B01 argmax draft verified as sampled -------------------------------------------------
+
+
+class ArgmaxProposal:
+    """The drafter proposes the mode of q but hands q itself to verification."""
+
+    def draw(self, logits, sp, history, seed, pos, cursor):
+        _, q, u = super().draw(logits, sp, history, seed, pos, cursor)
+        return int(np.argmax(q)), q, u
+
+
+def argmax_draft(engine):
+    with_drafters(engine, ArgmaxProposal)
+
+
+# -- B02 one-sided processing ----------------------------------------------------------------
+
+
+class TargetFiltersDropped(Engine):
+    """Verification processes the target logits with temperature only: top-k,
+    top-p and min-p are applied to the draft side alone."""
+
+    def _verify(self, history, cache, block, sp, seed, cursor):
+        raw = sp.model_copy(update={"top_k": None, "top_p": None, "min_p": None})
+        return super()._verify(history, cache, block, raw, seed, cursor)
+
+
+def target_filters_dropped(engine):
+    become(engine, TargetFiltersDropped)
+
+
+class UnprocessedDraftSampler:
+    """The drafter samples from the raw softmax (temperature 1, no filters)
+    while the law it reports for verification is the processed one."""
+
+    def draw(self, logits, sp, history, seed, pos, cursor):
+        _, q, u = super().draw(logits, sp, history, seed, pos, cursor)
+        raw = process(masked(np.array(logits, dtype=np.float64), cursor.mask), SamplingParams(temperature=1.0), history)
+        return sample(raw, u), q, u
+
+
+def draft_sampler_unprocessed(engine):
+    with_drafters(engine, UnprocessedDraftSampler)
+
+
+# -- B03 argmax verification at T > 0 -----------------------------------------------------
+
+
+def _argmax_verify(ps, qs, proposals, au, tu):
+    """Accept while the proposal is the target's argmax; a mismatch emits the
+    argmax; only the bonus is sampled."""
+    for j, d in enumerate(proposals):
+        top = int(np.argmax(ps[j]))
+        if d != top:
+            return Verdict(j, top, "correction", _onehot(top, len(ps[j])))
+    k = len(proposals)
+    return Verdict(k, sample(ps[k], tu[k]), "bonus", ps[k])
+
+
+def argmax_verification(engine):
+    with_rule(engine, _argmax_verify, accept=lambda p, q, d: float(d == int(np.argmax(p))),
+              correction=lambda p, q, d: _onehot(int(np.argmax(p)), len(p)))
+
+
+# -- B04 wrong residual ------------------------------------------------------------------------
+
+
+def _residual_is_p(p, q, d):
+    return p.copy()
+
+
+def _residual_softmax(p, q, d):
+    r = p - q
+    e = np.exp(r - r.max())
+    return e / e.sum()
+
+
+def residual_from_p(engine):
+    with_rule(engine, rejection_verify(rejection_accept_probability, _residual_is_p), correction=_residual_is_p)
+
+
+def residual_softmax(engine):
+    with_rule(engine, rejection_verify(rejection_accept_probability, _residual_softmax), correction=_residual_softmax)
+
+
+# -- B05 one-hot q for a stochastic draft ----------------------------------------------------
+
+
+def _with_onehot_q(law):
+    return lambda p, q, d: law(p, _onehot(d, len(p)), d)
+
+
+def onehot_q(engine):
+    """Acceptance and residual both computed with q = one-hot(proposal): the
+    exact-match law in disguise, so the output law stays right; the traced q
+    is the law the proposal was really drawn from, and the decisions disagree."""
+    accept, corr = _with_onehot_q(rejection_accept_probability), _with_onehot_q(rejection_correction)
+    with_rule(engine, rejection_verify(accept, corr), accept=accept, correction=corr)
+
+
+def onehot_q_acceptance(engine):
+    """Acceptance with q = one-hot (accept with p[d]), residual with the real q: lossy."""
+    accept = _with_onehot_q(rejection_accept_probability)
+    with_rule(engine, rejection_verify(accept, rejection_correction), accept=accept)
+
+
+# -- B06 first proposal never verified ------------------------------------------------------
+
+
+def first_proposal_unverified(engine):
+    rule = engine.rule
+
+    def verify(ps, qs, proposals, au, tu):
+        if not proposals:
+            return rule.verify(ps, qs, proposals, au, tu)
+        v = rule.verify(ps[1:], qs[1:], proposals[1:], au[1:], tu[1:])  # the loop starts one late
+        return Verdict(v.accepted + 1, v.next_token, v.next_kind, v.next_law)
+
+    with_rule(engine, verify)
+
+
+def target_rows_shifted(engine):
+    """Proposal j is verified against the target law of position j+1."""
+    rule = engine.rule
+
+    def verify(ps, qs, proposals, au, tu):
+        return rule.verify(np.concatenate([ps[1:], ps[-1:]]), qs, proposals, au, tu)
+
+    with_rule(engine, verify)
+
+
+# -- B07 bonus from the wrong position ------------------------------------------------------
+
+
+def bonus_from_previous_position(engine):
+    rule = engine.rule
+
+    def verify(ps, qs, proposals, au, tu):
+        v = rule.verify(ps, qs, proposals, au, tu)
+        k = len(proposals)
+        if v.next_kind == "bonus" and k:
+            return Verdict(k, sample(ps[k - 1], tu[k]), "bonus", ps[k - 1])
+        return v
+
+    with_rule(engine, verify)
+
+
+class BonusFedTwice(Engine):
+    """After a fully accepted block the bonus is written into the target cache
+    at commit and leads the next verification again: the target sees it twice
+    (its length bookkeeping ignores the extra entry)."""
+
+    refeed = False
+
+    def verify(self, st):
+        self.refeed = st.__dict__.get("mutant_bonus_cached", False)
+        before = st.stats.bonus
+        super().verify(st)
+        st.mutant_bonus_cached = st.stats.bonus > before
+
+    def _verify(self, history, cache, block, sp, seed, cursor):
+        if self.refeed:
+            self.target(mx.array([[history[-1]]]), cache)
+        return super()._verify(history, cache, block, sp, seed, cursor)
+
+
+def bonus_fed_twice(engine):
+    become(engine, BonusFedTwice)
+
+
+class LeadsWithLastProposal(Engine):
+    """After a fully accepted block the next verification is led by the last
+    accepted proposal instead of the bonus (the bonus is emitted but never fed).
+    The trace reports the token actually fed."""
+
+    lead = None
+
+    def verify(self, st):
+        self.lead = st.__dict__.get("mutant_lead")
+        before = st.stats.bonus
+        super().verify(st)
+        if st.traces and self.lead is not None:
+            st.traces[-1].pending_token = self.lead
+        st.mutant_lead = st.history[-2] if st.stats.bonus > before and len(st.history) >= 2 else None
+
+    def _verify(self, history, cache, block, sp, seed, cursor):
+        if self.lead is not None:
+            history = history[:-1] + [self.lead]
+        return super()._verify(history, cache, block, sp, seed, cursor)
+
+
+def leads_with_last_proposal(engine):
+    become(engine, LeadsWithLastProposal)
+
+
+# -- B08 cache not rolled back ----------------------------------------------------------------
+
+
+class AssistantNeverRewound:
+    """The assistant rewinds its position counter after verification but not
+    its KV cache: rejected proposals stay in its context, new tokens go after them."""
+
+    fed = 0  # tokens of the history the runtime believes the assistant holds
+
+    def after_verify(self, target_len_before, target_len_after, hidden):
+        self.fed = target_len_after
+
+    def _logits_after(self, seq):
+        if self.length == 0:
+            logits = self.model(mx.array(seq)[None], self.cache)[1][0, -1]
+        else:
+            for t in seq[self.fed :]:
+                _, out = self.model(mx.array([[t]]), self.cache)
+            logits = out[0, -1]
+        self.fed = len(seq)
+        return logits
+
+    def clone(self):
+        c = super().clone()
+        c.fed = self.fed
+        return c
+
+
+def assistant_not_rolled_back(engine):
+    with_drafters(engine, AssistantNeverRewound, only=(AssistantDrafter,))
+
+
+# -- B09 sampler / constraint state not restored ---------------------------------------------
+
+
+class ConstraintAdvancedByRejected(Engine):
+    """After a rejection the constraint state takes the rejected proposal
+    instead of the correction."""
+
+    def _committed_cursor(self, cursor, block, verdict, committed):
+        toks = list(committed)
+        if verdict.accepted < len(block.tokens) and len(toks) == verdict.accepted + 1:
+            toks[-1] = block.tokens[verdict.accepted]
+        return cursor.advance_all(toks)
+
+
+def constraint_advanced_by_rejected(engine):
+    become(engine, ConstraintAdvancedByRejected)
+
+
+class UnmaskedDraft:
+    """The drafter draws from unmasked logits; only the target is constrained."""
+
+    def draw(self, logits, sp, history, seed, pos, cursor):
+        return super().draw(logits, sp, history, seed, pos, FREE)
+
+
+def unmasked_drafter(engine):
+    with_drafters(engine, UnmaskedDraft)
+
+
+# -- B10 stop inside an accepted block -----------------------------------------------------
+
+
+class StopCheckedPerBlock(Engine):
+    """Stops (EOS, stop strings) are checked on the last token of each block only."""
+
+    def _commit(self, st, emitted, logprobs):
+        if len(emitted) < 2:
+            return super()._commit(st, emitted, logprobs)
+        m = st.matcher
+        eos, stop = m.eos, m.stop
+        m.eos, m.stop = set(), []
+        try:
+            c = super()._commit(st, emitted[:-1], logprobs[:-1])
+        finally:
+            m.eos, m.stop = eos, stop
+        if st.out.finish_reason is not None:
+            return c
+        return c + super()._commit(st, emitted[-1:], logprobs[-1:])
+
+
+def stop_checked_per_block(engine):
+    become(engine, StopCheckedPerBlock)
+
+
+# -- B11 statistics wrong --------------------------------------------------------------------
+
+
+class CountsRejectedTail(Engine):
+    """Every proposal of a round is counted as accepted, the rejected tail included."""
+
+    def report(self, st):
+        r = super().report(st)
+        if not r.used:
+            return r
+        lens = list(st.stats.draft_lens)
+        return r.model_copy(update={"accept_lens": lens, "accepted": sum(lens),
+                                    "acceptance_rate": 1.0 if sum(lens) else None})
+
+
+def counts_rejected_tail(engine):
+    become(engine, CountsRejectedTail)
+
+
+class CountsCancelledRound(Engine):
+    """A cancel during a round counts the in-flight block as a verified round."""
+
+    def cancel(self, st):
+        if not st.cancelled and st.inflight is not None and st.plan.used:
+            st.stats.rounds += 1
+            st.stats.accept_lens.append(0)
+            st.stats.draft_lens.append(len(st.inflight.block.tokens))
+        super().cancel(st)
+
+
+def counts_cancelled_round(engine):
+    become(engine, CountsCancelledRound)
+
+
+class UncountedBranchDiscards(Engine):
+    """Tokens of branches discarded after a rejection or a mismatched bonus are not counted."""
+
+    def _count_resolution(self, st, rec):
+        super()._count_resolution(st, rec)
+        if rec.outcome in ("mismatch", "parent_rejected"):
+            st.look.discarded -= rec.discarded
+
+
+def uncounted_branch_discards(engine):
+    become(engine, UncountedBranchDiscards)
+
+
+# -- B12 seed not honoured under concurrency --------------------------------------------------
+
+
+class SharedStream(Engine):
+    """One random stream for the runtime, reseeded when a request is admitted
+    (mlx-lm style): solo runs repeat, concurrent ones depend on each other."""
+
+    stream = random.Random(0)
+
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        self.stream = random.Random(st.seed)
+        return st
+
+    def uniform(self, seed, stream, position):
+        return self.stream.random()
+
+
+class SharedStreamDraw:
+    engine: Engine  # class attribute, set by with_drafters
+
+    def draw(self, logits, sp, history, seed, pos, cursor):
+        q = process(masked(np.array(logits, dtype=np.float64), cursor.mask), sp, history)
+        u = self.engine.stream.random()
+        return sample(q, u), q, u
+
+
+def shared_random_stream(engine):
+    become(engine, SharedStream)
+    with_drafters(engine, SharedStreamDraw, attrs={"engine": engine})
+
+
+class UnseededAcceptance(Engine):
+    """The acceptance uniforms come from an unseeded generator."""
+
+    entropy = random.SystemRandom()
+
+    def uniform(self, seed, stream, position):
+        if stream == STREAM_ACCEPT:
+            return self.entropy.random()
+        return super().uniform(seed, stream, position)
+
+
+def unseeded_acceptance(engine):
+    become(engine, UnseededAcceptance)
+
+
+# -- B13 lossy acceptance knobs ---------------------------------------------------------------
+
+
+def lenient_acceptance(engine, lam: float = 0.5):
+    """Accept with min(1, p / (lam q)), lam < 1: a 'relaxed' acceptance threshold."""
+
+    def accept(p, q, d):
+        return 1.0 if p[d] >= lam * q[d] else float(p[d] / (lam * q[d]))
+
+    with_rule(engine, rejection_verify(accept, rejection_correction), accept=accept)
+
+
+def typical_acceptance(engine, epsilon: float = 0.09, delta: float = 0.3):
+    """Medusa's typical acceptance: accept d when p(d) > min(epsilon, delta exp(-H(p)));
+    on rejection the target's own sample (d excluded)."""
+
+    def accept(p, q, d):
+        nz = p[p > 0]
+        h = float(-(nz * np.log(nz)).sum())
+        return 1.0 if p[d] > min(epsilon, delta * math.exp(-h)) else 0.0
+
+    with_rule(engine, rejection_verify(accept, exact_match_correction), accept=accept, correction=exact_match_correction)
+
+
+def confident_draft_accepted(engine, tau: float = 0.25):
+    """A proposal the draft is confident about (q(d) >= tau) is accepted without
+    consulting the target."""
+
+    def accept(p, q, d):
+        return 1.0 if q[d] >= tau else rejection_accept_probability(p, q, d)
+
+    with_rule(engine, rejection_verify(accept, rejection_correction), accept=accept)
+
+
+# -- B14 logprobs wrong under speculation ----------------------------------------------------
+
+
+class DraftLogprobs(Engine):
+    """Accepted proposals report the draft's logprob."""
+
+    def _emitted_logprobs(self, ps, block, emitted):
+        lps = super()._emitted_logprobs(ps, block, emitted)
+        for j in range(len(emitted) - 1):
+            q = block.probs[j][emitted[j]]
+            lps[j] = math.log(q) if q > 0 else -math.inf
+        return lps
+
+
+class ZeroLogprobs(Engine):
+    """Accepted proposals report logprob 0."""
+
+    def _emitted_logprobs(self, ps, block, emitted):
+        lps = super()._emitted_logprobs(ps, block, emitted)
+        return [0.0] * (len(emitted) - 1) + lps[-1:]
+
+
+def draft_logprobs(engine):
+    become(engine, DraftLogprobs)
+
+
+def zero_logprobs(engine):
+    become(engine, ZeroLogprobs)
+
+
+# -- B15 lookahead promoted after partial acceptance ---------------------------------------
+
+
+class PromotesAfterPartialAcceptance(Engine):
+    """Keeps a branch whose first token equals the next token, even when that
+    token is a correction after a rejection."""
+
+    def branch_outcome(self, st, block, verdict, branch):
+        if not st.done and verdict.next_token == branch.tokens[0]:
+            return "promoted"
+        return super().branch_outcome(st, block, verdict, branch)
+
+
+def promotes_after_partial_acceptance(engine):
+    become(engine, PromotesAfterPartialAcceptance)
+
+
+# -- B16 silent fallback ----------------------------------------------------------------------
+
+
+class IgnoresRequireAcceleration(Engine):
+    """require_acceleration is not honoured: the request runs unaccelerated."""
+
+    def plan(self, req):
+        spec = req.speculation
+        if spec is not None and spec.require_acceleration:
+            req = req.model_copy(update={"speculation": spec.model_copy(update={"require_acceleration": False})})
+        return super().plan(req)
+
+
+def _without_penalties(sp: SamplingParams) -> SamplingParams:
+    return sp.model_copy(update=dict.fromkeys(PENALTIES))
+
+
+class DropsPenalties(Engine):
+    """Speculation goes ahead with penalties and logit bias, and the speculative
+    sampler is built without them."""
+
+    def plan(self, req):
+        return super().plan(req.model_copy(update={"sampling": _without_penalties(req.sampling)}))
+
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        if st.plan.used:
+            st.req = req.model_copy(update={"sampling": _without_penalties(req.sampling)})
+        return st
+
+
+class FallbackReportedAsUsed(Engine):
+    """The drafter silently fails to start: target-only decoding, reported as speculative."""
+
+    def plan(self, req):
+        p = super().plan(req)
+        return Plan(True, False, p.mode, p.depth, p.drafter) if p.used else p
+
+    def report(self, st):
+        r = super().report(st)
+        if not r.requested or r.reason is not None:
+            return r
+        return r.model_copy(update={"used": True, "num_draft_tokens": st.plan.depth, "draft_kind": st.plan.drafter})
+
+
+class UnreportedFallback(Engine):
+    """The drafter silently fails to start: target-only decoding, no reason given."""
+
+    def plan(self, req):
+        p = super().plan(req)
+        return Plan(True, False, p.mode, p.depth, p.drafter) if p.used else p
+
+
+class OffBlockIgnored(Engine):
+    """speculation=off is read as 'the loaded default'."""
+
+    def plan(self, req):
+        if req.speculation is not None and req.speculation.mode == "off":
+            req = req.model_copy(update={"speculation": None})
+        return super().plan(req)
+
+
+class StickyOverride(Engine):
+    """A per-call depth becomes the runtime's default."""
+
+    def plan(self, req):
+        p = super().plan(req)
+        spec = req.speculation
+        if spec is not None and spec.mode != "off" and spec.num_draft_tokens:
+            self.default_speculation = self.default_speculation.model_copy(update={"num_draft_tokens": spec.num_draft_tokens})
+        return p
+
+
+def ignores_require_acceleration(engine):
+    become(engine, IgnoresRequireAcceleration)
+
+
+def drops_penalties(engine):
+    become(engine, DropsPenalties)
+
+
+def fallback_reported_as_used(engine):
+    become(engine, FallbackReportedAsUsed)
+
+
+def unreported_fallback(engine):
+    become(engine, UnreportedFallback)
+
+
+def off_block_ignored(engine):
+    become(engine, OffBlockIgnored)
+
+
+def sticky_override(engine):
+    become(engine, StickyOverride)
+
+
+# -- B17 acceptance collapse --------------------------------------------------------------------
+
+
+class GivesUpAfterTwoRounds:
+    """Drafting silently stops after the second round (a drafter error swallowed):
+    empty blocks, target-only tokens, the report still says speculation was used."""
+
+    drafts = 0
+
+    def draft(self, history, target_len, k, sp, seed, cursor=FREE):
+        self.drafts += 1
+        if self.drafts > 2:
+            return DraftBlock.empty(target_len + 1, self.model.args.vocab_size)
+        return super().draft(history, target_len, k, sp, seed, cursor)
+
+
+def drafter_silently_disabled(engine):
+    with_drafters(engine, GivesUpAfterTwoRounds)
+
+
+class HiddenOneRowLate:
+    """After verification the MTP head keeps the target hidden states one row
+    late: position i gets the state of input i+1 (after a rejection, the
+    rejected proposal's). The prefill hand-off is right."""
+
+    def after_verify(self, target_len_before, target_len_after, hidden):
+        trim_cache(self.cache, min(self.length, target_len_before))
+        n = target_len_after - target_len_before
+        rows = hidden[1 : n + 1]
+        if rows.shape[0] < n:
+            rows = mx.concatenate([rows, hidden[-1:]])
+        self.observe(target_len_before, rows)
+
+
+def stale_hidden_state(engine):
+    with_drafters(engine, HiddenOneRowLate, only=(MtpDrafter,))
+
+
+# -- no bug class: scheduling policy ---------------------------------------------------------
+
+
+def starving_scheduler(backend):
+    """The scheduler always serves the lowest runnable request id."""
+    from mtpcheck.engine.scheduler import Scheduler, SchedulerOptions
+
+    class LowestIdFirst(Scheduler):
+        def step(self):
+            ready = self.runnable()
+            if not ready:
+                return None
+            rid = min(ready)
+            self.advance(rid, self.options.lookahead)
+            return rid
+
+    def open_scheduler(lookahead: bool = True, adaptive_after: int | None = 8):
+        return LowestIdFirst(backend.engine, SchedulerOptions(lookahead=lookahead, adaptive_after=adaptive_after))
+
+    backend.open_scheduler = open_scheduler
