@@ -342,6 +342,7 @@ def plot(backend: str, results: dict[str, list[dict]], out: str | Path) -> dict[
         pred = [r["predicted_speedup"] if _finite(r["predicted_speedup"]) else float("nan") for r in results[kind]]
         ax.plot(d, pred, marker="x", linestyle="--", color=line.get_color(), label=f"{kind} predicted")
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set(title=f"{backend}: speedup against depth", xlabel="depth (proposals per round)", ylabel="on / off tok/s")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -358,13 +359,16 @@ def plot(backend: str, results: dict[str, list[dict]], out: str | Path) -> dict[
         ax.scatter(xs, ys, label=kind)
     for p, q, _, d in pts:
         ax.annotate(str(d), (p, q), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if not pts:
+        ax.text(0.5, 0.5, "no prediction:\nthe backend reports no\ndraft/verify timings", ha="center", va="center",
+                transform=ax.transAxes)
     lo = min([0.5] + [min(p, q) for p, q, _, _ in pts]) * 0.95
     hi = max([1.5] + [max(p, q) for p, q, _, _ in pts]) * 1.05
     ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, label="realised = predicted")
     ax.plot([lo, hi], [0.85 * lo, 0.85 * hi], color="grey", linewidth=0.8, linestyle=":", label="85% of predicted")
     ax.set(title=f"{backend}: predicted vs realised", xlabel="predicted speedup", ylabel="realised speedup",
            xlim=(lo, hi), ylim=(lo, hi))
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     paths["predicted_vs_realised"] = str(out / f"{backend}-predicted-vs-realised.png")
     fig.savefig(paths["predicted_vs_realised"], dpi=110)
