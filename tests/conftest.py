@@ -33,3 +33,8 @@ def random_models():
 @pytest.fixture(scope="session")
 def char_tokenizer():
     return CharTokenizer()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests that take minutes (the full mutant zoo in tests/test_mutants.py)")
