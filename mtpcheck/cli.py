@@ -176,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_contracts)
 
     inspect_mod.add_parser(sub)
+    from mtpcheck import bench, golden
+    from mtpcheck.mutants import run as mutants_run
+
+    golden.add_parser(sub)
+    bench.add_parser(sub)
+    mutants_run.add_parser(sub)
     return parser
 
 

@@ -12,6 +12,8 @@ from mtpcheck.contracts import MtpCheckError
 BUILTINS: dict[str, str] = {
     "mlx": "mtpcheck.backends.reference:load_reference",
     "toy": "mtpcheck.backends.toy:load_toy",
+    "mlx-vlm": "mtpcheck.backends.mlx_vlm:load_mlx_vlm",
+    "mlx-lm": "mtpcheck.backends.mlx_lm:load_mlx_lm",
 }
 ENTRY_POINT_GROUP = "mtpcheck.backends"
 
