@@ -15,7 +15,14 @@ def tests(session):
 @nox.session
 def lint(session):
     session.install("ruff")
-    session.run("ruff", "check", "mtpcheck", "tests", "noxfile.py")
+    session.run("ruff", "check", "mtpcheck", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def mutants(session):
+    """The mutant zoo against the suite; writes the kill matrix to docs/mutants.md."""
+    session.install("-e", ".")
+    session.run("mtpcheck", "mutants", *session.posargs, env={"MLX_DISABLE_COMPILE": "1"})
 
 
 @nox.session
