@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from mtpcheck.backends.mlx_vlm import (
+    DecodePathLogprobs,
     check_request,
     composed_sampler,
     drive,
@@ -53,7 +54,6 @@ from mtpcheck.backends.mlx_vlm import (
     report,
     require_library,
     resolve_drafter,
-    teacher_forced,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -116,6 +116,9 @@ class MlxLmBackend:
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter="assistant",
                                           num_draft_tokens=depth)
         self.version = library_version("mlx-lm")
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.truth = DecodePathLogprobs(lambda x, cache: model(x, cache=cache), lambda: make_prompt_cache(model))
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -220,10 +223,7 @@ class MlxLmBackend:
         if not continuation:
             return np.zeros((0, self.vocab_size))
         check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        from mlx_lm.models.cache import make_prompt_cache
-
-        return teacher_forced(lambda x, cache: self.model(x, cache=cache), make_prompt_cache(self.model), prompt,
-                              continuation, sampling)
+        return self.truth.laws(prompt, continuation, sampling)
 
 
 def load_mlx_lm(

@@ -110,7 +110,7 @@ def resolve_drafter(spec: SpeculationRequest, own: str, loaded: str) -> tuple[st
     )
 
 
-def library_sampling(sp: SamplingParams) -> dict[str, Any]:
+def library_sampling(sp: SamplingParams) -> dict[str, Any] | None:
     """Arguments of the libraries' own ``make_sampler`` that give the contract's
     processed law exactly, or None when no such arguments exist.
 
@@ -219,32 +219,57 @@ def report(*, requested: bool, used: bool, mode: str, drafter: str | None, depth
     )
 
 
-def teacher_forced(forward, cache, prompt: list[int], continuation: list[int], sp: SamplingParams) -> np.ndarray:
-    """Processed target laws (float64, [len(continuation), V]) of a teacher-forced
-    continuation, computed along the library's own speculation-off decode path:
-    the prompt but its last token prefilled into a fresh cache, then one token
-    per forward, and the log-probabilities taken in the model's dtype
-    (``logits - logsumexp(logits)``), as the libraries do before sampling. The
-    law is then the one plain decoding samples from, to the last bit: a single
-    full-sequence forward, or log-probabilities taken in float64, differ from
-    it by a few float16 ulps, enough to move a token across a top-k boundary
-    (docs/backends/mlx-vlm.md, "Ground truth").
+class DecodePathLogprobs:
+    """Log-probability rows of teacher-forced continuations, computed along the
+    library's own speculation-off decode path: the prompt but its last token
+    prefilled into a fresh cache, then one token per forward, and the
+    log-probabilities taken in the model's dtype (``logits - logsumexp(logits)``),
+    as the libraries do before sampling. The law is then the one plain decoding
+    samples from, to the last bit: a single full-sequence forward, or
+    log-probabilities taken in float64, differ from it by a few float16 ulps,
+    enough to move a token across a top-k boundary (docs/backends/mlx-vlm.md,
+    "Ground truth").
+
+    The model is fixed once loaded, so rows are memoised (the statistical
+    clauses ask twice for the same samples); a continuation that extends or
+    prefixes a stored one reuses it.
 
     `forward(tokens [1, n] mx.array, cache) -> logits [1, n, V]`."""
-    import mlx.core as mx
 
-    from mtpcheck.engine.sampling import process
+    def __init__(self, forward, make_cache, size: int = 512):
+        self.forward, self.make_cache, self.size = forward, make_cache, size
+        self.memo: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
-    seq = list(prompt) + list(continuation)
-    if len(prompt) > 1:
-        mx.eval(forward(mx.array([prompt[:-1]], dtype=mx.int32), cache))
-    rows = []
-    for i in range(len(prompt) - 1, len(seq) - 1):
-        logits = forward(mx.array([[seq[i]]], dtype=mx.int32), cache)[0, -1]
-        rows.append((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))
-        mx.async_eval(rows[-1])
-    logits = np.array(mx.stack(rows), dtype=np.float64)
-    return np.stack([process(logits[i], sp, seq[: len(prompt) + i]) for i in range(len(continuation))])
+    def rows(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        import mlx.core as mx
+
+        P, key = len(prompt), tuple(prompt) + tuple(continuation[:-1])
+        n = len(continuation)
+        for (p, k), v in self.memo.items():
+            if p == P and len(k) >= len(key) and k[: len(key)] == key:
+                return v[:n]
+        cache = self.make_cache()
+        if P > 1:
+            mx.eval(self.forward(mx.array([list(prompt[:-1])], dtype=mx.int32), cache))
+        rows = []
+        for tok in key[P - 1 :]:
+            logits = self.forward(mx.array([[tok]], dtype=mx.int32), cache)[0, -1]
+            rows.append((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))
+            mx.async_eval(rows[-1])
+        out = np.array(mx.stack(rows), dtype=np.float64)
+        if len(self.memo) >= self.size:
+            self.memo.pop(next(iter(self.memo)))
+        self.memo[(P, key)] = out
+        return out
+
+    def laws(self, prompt: list[int], continuation: list[int], sp: SamplingParams) -> np.ndarray:
+        """Processed target laws, float64 [len(continuation), V], through
+        ``mtpcheck.engine.sampling.process`` (the contract's processing)."""
+        from mtpcheck.engine.sampling import process
+
+        rows = self.rows(list(prompt), list(continuation))
+        seq = list(prompt) + list(continuation)
+        return np.stack([process(rows[i], sp, seq[: len(prompt) + i]) for i in range(len(continuation))])
 
 
 # -- the backend ----------------------------------------------------------------
@@ -268,6 +293,8 @@ class MlxVlmBackend:
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter="mtp",
                                           num_draft_tokens=depth)
         self.version = library_version("mlx-vlm")
+        lm = model.language_model
+        self.truth = DecodePathLogprobs(lambda x, cache: lm(x, cache=cache).logits, lm.make_cache)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -375,9 +402,7 @@ class MlxVlmBackend:
         if not continuation:
             return np.zeros((0, self.vocab_size))
         check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        lm = self.model.language_model
-        return teacher_forced(lambda x, cache: lm(x, cache=cache).logits, lm.make_cache(), prompt, continuation,
-                              sampling)
+        return self.truth.laws(prompt, continuation, sampling)
 
 
 def load_mlx_vlm(
