@@ -1,0 +1,149 @@
+"""Fast checks of the real-backend adapters on the committed fixtures
+(mtpcheck/fixture/real): they load, generate with speculation on and off on
+one loaded model, report statistics that agree with the libraries' own
+counters, and give target laws that sum to 1. The conformance suite proper
+runs them with `pytest --pyargs mtpcheck.suite --mtp-backend=mlx-vlm|mlx-lm`."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mtpcheck.contracts import GenerationRequest, SamplingParams, SpeculationUnavailableError
+
+HAVE_VLM = importlib.util.find_spec("mlx_vlm") is not None
+HAVE_LM = importlib.util.find_spec("mlx_lm") is not None
+needs_vlm = pytest.mark.skipif(not HAVE_VLM, reason="mlx-vlm is not installed (pip install 'mtpcheck[mlx-vlm]')")
+needs_lm = pytest.mark.skipif(not HAVE_LM, reason="mlx-lm is not installed (pip install 'mtpcheck[mlx-lm]')")
+
+PROMPT_TEXT = "id,name,city,score\n1,grace,oslo,17\n2,victor,lima,88\n3,"
+
+
+def req(prompt, n=16, temperature=0.0, seed=7, spec=None, **kw):
+    return GenerationRequest(prompt_tokens=prompt, max_tokens=n, stop_token_ids=kw.pop("stop_token_ids", []),
+                             sampling=SamplingParams(temperature=temperature, seed=seed, **kw), speculation=spec)
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    from mtpcheck.backends.mlx_vlm import load_mlx_vlm
+
+    return load_mlx_vlm()
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from mtpcheck.backends.mlx_lm import load_mlx_lm
+
+    return load_mlx_lm()
+
+
+def test_importing_the_adapters_does_not_import_the_libraries():
+    code = ("import sys, mtpcheck.backends.mlx_vlm, mtpcheck.backends.mlx_lm; "
+            "print([m for m in ('mlx_vlm', 'mlx_lm', 'mlx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_missing_library_names_the_extra():
+    from mtpcheck.backends.mlx_vlm import require_library
+
+    with pytest.raises(ImportError, match=r"pip install 'mtpcheck\[mlx-vlm\]'"):
+        require_library("mtpcheck_no_such_module", "mlx-vlm")
+
+
+@needs_vlm
+def test_mlx_vlm_speculation_on_and_off(vlm):
+    caps = vlm.capabilities()
+    prompt = vlm.encode(PROMPT_TEXT)
+    assert vlm.decode(prompt) == PROMPT_TEXT and caps.vocab_size == 512 and caps.eos_token_ids == [0]
+    off = vlm.generate(req(prompt, spec=False))
+    on = vlm.generate(req(prompt, spec={"num_draft_tokens": 3}))
+    assert (off.speculation.used, off.speculation.reason) == (False, "not_requested")
+    assert on.speculation.used and on.speculation.rounds >= 1 and on.speculation.accepted >= 1
+    assert len(on.tokens) == len(off.tokens) == 16
+    # seeded temperature 1: mlx-vlm's position-addressed sampler makes them equal
+    t_off, t_on = (vlm.generate(req(prompt, temperature=1.0, seed=11, spec=s)) for s in (False, True))
+    assert t_on.tokens == t_off.tokens
+
+
+@needs_vlm
+def test_mlx_vlm_statistics_are_the_drafters_counters(vlm):
+    prompt = vlm.encode(PROMPT_TEXT)
+    d = vlm.drafter
+    before = (getattr(d, "speculative_total_rounds", 0), getattr(d, "speculative_total_accepted", 0.0),
+              getattr(d, "speculative_total_drafted", 0))
+    res = vlm.generate(req(prompt, n=24, temperature=1.0, spec={"num_draft_tokens": 2}))
+    s = res.speculation
+    assert s.accept_lens == [int(a) for a in d.accept_lens] and s.draft_lens == list(d.draft_lens)
+    assert s.rounds == d.speculative_total_rounds - before[0]
+    assert s.accepted == round(d.speculative_total_accepted - before[1])
+    assert s.drafted == d.speculative_total_drafted - before[2]
+    cut = 1 + s.accepted + s.rounds - len(res.tokens)  # the first token comes from the prefill
+    assert 0 <= cut <= s.accept_lens[-1] and len(res.tokens) == 24  # only the budget cuts the last round
+
+
+@needs_vlm
+def test_mlx_vlm_penalties_run_unaccelerated_or_raise(vlm):
+    prompt = vlm.encode(PROMPT_TEXT)
+    res = vlm.generate(req(prompt, repetition_penalty=1.5, spec=True))
+    assert not res.speculation.used and res.speculation.reason == "sampling_control_unsupported"
+    assert "repetition_penalty" in res.speculation.message
+    with pytest.raises(SpeculationUnavailableError):
+        vlm.generate(req(prompt, repetition_penalty=1.5, spec={"require_acceleration": True}))
+
+
+@needs_lm
+def test_mlx_lm_speculation_on_and_off(lm):
+    caps = lm.capabilities()
+    prompt = lm.encode(PROMPT_TEXT)
+    assert lm.decode(prompt) == PROMPT_TEXT and caps.vocab_size == 512 and caps.eos_token_ids == [0]
+    off = lm.generate(req(prompt, spec=False))
+    on = lm.generate(req(prompt, spec={"num_draft_tokens": 3}))
+    assert not off.speculation.used and on.speculation.used and on.speculation.accepted >= 1
+    assert len(on.tokens) == len(off.tokens) == 16
+    s = on.speculation
+    assert len(on.tokens) == s.accepted + s.rounds  # mlx-lm: no target-only first token
+
+
+@needs_lm
+def test_mlx_lm_statistics_are_the_from_draft_flags(lm):
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    prompt = lm.encode(PROMPT_TEXT)
+    res = lm.generate(req(prompt, n=24, temperature=1.0, seed=3, spec={"num_draft_tokens": 2}))
+    mx.random.seed(3)
+    direct = list(speculative_generate_step(mx.array(prompt, dtype=mx.uint32), lm.model, lm.draft_model,
+                                            num_draft_tokens=2, max_tokens=24, sampler=make_sampler(1.0)))
+    assert res.tokens == [t for t, _, _ in direct]
+    assert res.speculation.accepted == sum(f for _, _, f in direct)
+    assert res.speculation.rounds == sum(not f for _, _, f in direct) + (1 if direct[-1][2] else 0)
+
+
+BOTH = [pytest.param("vlm", marks=needs_vlm), pytest.param("lm", marks=needs_lm)]
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_target_distributions_are_laws(name, request):
+    b = request.getfixturevalue(name)
+    prompt = b.encode(PROMPT_TEXT)
+    res = b.generate(req(prompt, n=8, spec=False))
+    for sp in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=8, top_p=0.9)):
+        laws = b.target_distributions(prompt, res.tokens, sp)
+        assert laws.shape == (8, b.capabilities().vocab_size) and laws.dtype == np.float64
+        assert np.allclose(laws.sum(axis=1), 1.0, atol=1e-12)
+    greedy = b.target_distributions(prompt, res.tokens, SamplingParams(temperature=0.0))
+    assert [int(r.argmax()) for r in greedy] == res.tokens  # the plain greedy path, to the last bit
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_tokens_outside_the_vocabulary_are_refused(name, request):
+    b = request.getfixturevalue(name)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        b.generate(req([1, 2, b.capabilities().vocab_size]))
