@@ -37,7 +37,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "scheduler": lambda c: c.scheduler,
     "lookahead": lambda c: c.lookahead,
     "constraints": lambda c: c.constraints,
-    "inspection": lambda c: True,
+    "inspection": lambda c: c.checkpoint_evidence,
 }
 
 

@@ -20,8 +20,13 @@ class ReferenceBackend:
     """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
     acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=PATH."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, folders: dict[str, Path] | None = None):
         self.engine = engine
+        self.folders = folders or {}  # role -> checkpoint folder, when loaded from disk
+
+    def checkpoints(self) -> dict[str, Path]:
+        """The checkpoint folders this backend runs (capability checkpoint_evidence)."""
+        return dict(self.folders)
 
     def capabilities(self) -> Capabilities:
         e = self.engine
@@ -46,6 +51,7 @@ class ReferenceBackend:
             scheduler=True,
             lookahead="assistant" in kinds,
             constraints=True,
+            checkpoint_evidence=bool(self.folders),
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
@@ -84,9 +90,14 @@ def load_reference(
     fixture: str | Path | None = None,
 ) -> ReferenceBackend:
     from mtpcheck.engine.decode import Engine
-    from mtpcheck.fixture import load_fixture
+    from mtpcheck.fixture import FIXTURE_DIR, load_fixture
+    from mtpcheck.inspect import check_pair
 
-    target, assistant, tokenizer, meta = load_fixture(fixture) if fixture else load_fixture()
+    folder = Path(fixture) if fixture else FIXTURE_DIR
+    # seed 000: an external assistant is validated against the target's
+    # tokenizer and vocabulary at load; a mismatch raises AssistantMismatchError
+    check_pair(folder / "target", folder / "assistant", strict=True)
+    target, assistant, tokenizer, meta = load_fixture(folder)
     engine = Engine(
         target,
         assistant,
@@ -95,4 +106,4 @@ def load_reference(
         acceptance=acceptance,
         default_speculation=SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth)),
     )
-    return ReferenceBackend(engine)
+    return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"})

@@ -222,6 +222,7 @@ class Capabilities(_Strict):
     scheduler: bool = False
     lookahead: bool = False
     constraints: bool = False
+    checkpoint_evidence: bool = Field(False, description="checkpoints() gives the target/assistant folders it runs")
     notes: str = ""
 
 
