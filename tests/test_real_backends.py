@@ -107,7 +107,9 @@ def test_mlx_lm_speculation_on_and_off(lm):
     assert not off.speculation.used and on.speculation.used and on.speculation.accepted >= 1
     assert len(on.tokens) == len(off.tokens) == 16
     s = on.speculation
-    assert len(on.tokens) == s.accepted + s.rounds  # mlx-lm: no target-only first token
+    # mlx-lm has no target-only first token: every round emits its accepted
+    # proposals and one target token, except a last round the budget ends
+    assert len(on.tokens) in (s.accepted + s.rounds, s.accepted + s.rounds - 1)
 
 
 @needs_lm
