@@ -133,6 +133,7 @@ class MlxLmBackend:
             position_addressed_target_sampling=False,
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", *PENALTY_CONTROLS],
             target_distributions=True,
+            checkpoint_evidence=True,
             logprobs=False,
             traces=False,
             text=True,
@@ -141,6 +142,10 @@ class MlxLmBackend:
                    "temperature > 0); the first token comes from the first verification round; mlx-lm's logprobs "
                    "are of the raw logits, not declared"),
         )
+
+    def checkpoints(self) -> dict[str, Path]:
+        """The checkpoint folders this backend runs (capability checkpoint_evidence)."""
+        return {"target": self.target_path, "assistant": self.draft_path}
 
     # -- text
     def encode(self, text: str) -> list[int]:
@@ -242,14 +247,15 @@ def load_mlx_lm(
     require_library("mlx_lm", EXTRA)
     from mlx_lm import load
 
+    from mtpcheck.inspect import check_pair
+
     base = Path(path) if path else fixture_dir()
     target_path = Path(target) if target else base / "target"
     draft_path = Path(draft) if draft else base / "draft"
+    check_pair(target_path, draft_path)  # AssistantMismatchError: vocabulary or tokenizer differ
     model, tokenizer = load(str(target_path))
-    draft_model, draft_tokenizer = load(str(draft_path))
+    draft_model, _ = load(str(draft_path))
     vocab = int(model.args.vocab_size)
-    if int(draft_model.args.vocab_size) != vocab or draft_tokenizer.vocab_size != tokenizer.vocab_size:
-        raise ValueError(f"draft model {draft_path} does not share the target's vocabulary ({vocab})")
     eos = sorted(int(e) for e in getattr(tokenizer, "eos_token_ids", []) or [])
     if not eos and getattr(model.args, "eos_token_id", None) is not None:
         eos = [int(model.args.eos_token_id)]

@@ -319,6 +319,12 @@ class MlxVlmBackend:
                    "run unaccelerated"),
         )
 
+    def checkpoints(self) -> dict[str, Path]:
+        """The checkpoint folders this backend runs. Not declared as
+        checkpoint_evidence: the MTP head is a separate checkpoint, a kind
+        Capabilities.mtp_kinds cannot name yet (docs/backends/mlx-vlm.md)."""
+        return {"target": self.target_path, "mtp": self.drafter_path}
+
     # -- text
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -423,9 +429,12 @@ def load_mlx_vlm(
     from mlx_vlm.speculative.drafters import load_drafter
     from mlx_vlm.utils import load
 
+    from mtpcheck.inspect import check_pair
+
     base = Path(path) if path else fixture_dir()
     target_path = Path(target) if target else base / "target"
     drafter_path = Path(drafter) if drafter else base / "mtp"
+    check_pair(target_path, drafter_path)  # AssistantMismatchError: hidden size, vocabulary or tokenizer differ
     model, processor = load(str(target_path))
     draft_model, kind = load_drafter(str(drafter_path), kind="mtp")
     if kind != "mtp":
