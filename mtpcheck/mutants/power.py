@@ -344,6 +344,47 @@ def render(engine_rows: list[dict], side: dict | None, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(engine_rows: list[dict], side: dict | None, path: Path, alpha: float) -> bool:
+    """Detection rate vs sample size (part A, and part B's tests) as a PNG; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = [x for x in (engine_rows, side) if x]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
+    ax = axes[0][0]
+    if engine_rows:
+        for i, row in enumerate(engine_rows):
+            color = f"C{i}"
+            for key, style in (("g", "-o"), ("ks", ":s")):
+                ns = sorted(row[key])
+                ax.plot(ns, [row[key][n] for n in ns], style, color=color, ms=4,
+                        label=f"{row['name']} ({'G-test' if key == 'g' else 'PIT-KS'})")
+        ax.set(xscale="log", xlabel="observations (pooled over contexts)", ylabel="detection rate",
+               title=f"A. toy backend, T = 1, alpha = {alpha:.3g}")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        ax = axes[0][-1]
+    if side:
+        for i, row in enumerate(side["rows"]):
+            color = f"C{i}"
+            for key, style in (("g", "-o"), ("l2", "--^")):
+                ns = sorted(row[key])
+                ax.plot(ns, [row[key][n] for n in ns], style, color=color, ms=4,
+                        label=f"{row['name']} ({'G-test' if key == 'g' else 'L2 heuristic'})")
+        ax.set(xscale="log", xlabel="samples (the heuristic: all five sizes)", ylabel="detection rate",
+               title=f"B. one position, V = 10, false alarms {SIDE_ALPHA:.0%}")
+        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
     ap = argparse.ArgumentParser(prog="python -m mtpcheck.mutants.power")
@@ -388,7 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         meta["wall_s"] += old["meta"]["wall_s"]
     if args.save:
         Path(args.save).write_bytes(pickle.dumps({"engine_rows": engine_rows, "side": side, "meta": meta}))
-    Path(args.out).write_text(render(engine_rows, side, meta))
+    png = Path(args.out).with_suffix(".png")
+    text = render(engine_rows, side, meta)
+    if plot(engine_rows, side, png, alpha):
+        text = text.replace("\n## A.", f"\n![detection rate vs sample size]({png.name})\n\n## A.", 1)
+    Path(args.out).write_text(text)
     print(f"wrote {args.out}")
     return 0
 
