@@ -51,9 +51,9 @@ from mtpcheck.backends.mlx_vlm import (
     library_sampling,
     library_version,
     penalty_processors,
+    plan_speculation,
     report,
     require_library,
-    resolve_drafter,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -61,7 +61,6 @@ from mtpcheck.contracts import (
     GenerationResult,
     SamplingParams,
     SpeculationRequest,
-    SpeculationUnavailableError,
 )
 
 MAX_DEPTH = 8
@@ -156,18 +155,7 @@ class MlxLmBackend:
 
     # -- generation
     def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
-        spec = req.speculation or self.default
-        if spec.mode == "off":
-            return spec, False, 0, "not_requested", "speculation is off for this call"
-        depth = spec.num_draft_tokens or self.default.num_draft_tokens or 2
-        reason, message = resolve_drafter(spec, "assistant", str(self.draft_path))
-        if reason is None and depth > MAX_DEPTH:
-            reason, message = "depth_exceeds_capability", f"num_draft_tokens={depth} exceeds this adapter's maximum {MAX_DEPTH}"
-        if reason is not None:
-            if spec.require_acceleration:
-                raise SpeculationUnavailableError(reason, message)
-            return spec, False, depth, reason, message
-        return spec, True, depth, None, None
+        return plan_speculation(req, self.default, "assistant", str(self.draft_path), 2, MAX_DEPTH)
 
     def sampler(self, sp: SamplingParams, sample_utils):
         if sp.temperature == 0.0:

@@ -110,6 +110,29 @@ def resolve_drafter(spec: SpeculationRequest, own: str, loaded: str) -> tuple[st
     )
 
 
+def plan_speculation(req: GenerationRequest, default: SpeculationRequest, own: str, loaded: str,
+                     fallback_depth: int, max_depth: int, blocked_because: str | None = None):
+    """(spec, used, depth, reason, message) for one request; raises before any
+    generation when acceleration is required but impossible. `blocked_because`
+    names why this library cannot speculate with penalties / logit bias (None:
+    it can)."""
+    spec = req.speculation or default
+    if spec.mode == "off":
+        return spec, False, 0, "not_requested", "speculation is off for this call"
+    depth = spec.num_draft_tokens or default.num_draft_tokens or fallback_depth
+    reason, message = resolve_drafter(spec, own, loaded)
+    if reason is None and depth > max_depth:
+        reason, message = "depth_exceeds_capability", f"num_draft_tokens={depth} exceeds this adapter's maximum {max_depth}"
+    if reason is None and blocked_because and (blockers := req.sampling.speculation_blockers()):
+        reason = "sampling_control_unsupported"
+        message = f"{', '.join(blockers)}: {blocked_because}; ran unaccelerated"
+    if reason is not None:
+        if spec.require_acceleration:
+            raise SpeculationUnavailableError(reason, message)
+        return spec, False, depth, reason, message
+    return spec, True, depth, None, None
+
+
 def library_sampling(sp: SamplingParams) -> dict[str, Any] | None:
     """Arguments of the libraries' own ``make_sampler`` that give the contract's
     processed law exactly, or None when no such arguments exist.
@@ -334,22 +357,9 @@ class MlxVlmBackend:
 
     # -- generation
     def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
-        spec = req.speculation or self.default
-        if spec.mode == "off":
-            return spec, False, 0, "not_requested", "speculation is off for this call"
-        depth = spec.num_draft_tokens or self.default.num_draft_tokens or 3
-        reason, message = resolve_drafter(spec, "mtp", str(self.drafter_path))
-        if reason is None and depth > MAX_DEPTH:
-            reason, message = "depth_exceeds_capability", f"num_draft_tokens={depth} exceeds this adapter's maximum {MAX_DEPTH}"
-        if reason is None and (blockers := req.sampling.speculation_blockers()):
-            reason = "sampling_control_unsupported"
-            message = (f"{', '.join(blockers)}: mlx-vlm's speculative loop does not apply logits processors, "
-                       "so these need target-only decoding; ran unaccelerated")
-        if reason is not None:
-            if spec.require_acceleration:
-                raise SpeculationUnavailableError(reason, message)
-            return spec, False, depth, reason, message
-        return spec, True, depth, None, None
+        return plan_speculation(req, self.default, "mtp", str(self.drafter_path), 3, MAX_DEPTH,
+                                "mlx-vlm's speculative loop does not apply logits processors, "
+                                "so these need target-only decoding")
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         import mlx.core as mx
