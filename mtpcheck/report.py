@@ -9,7 +9,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OUTCOME_ORDER = ["failed", "error", "xpassed", "passed", "xfailed", "skipped"]
+# worst first: a clause with any xfailed test shows XFAILED, not PASSED (a
+# clause with passed and skipped tests shows PASSED: see RunRecorder.clauses)
+OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 
 
 def read_id_file(path: str | Path) -> list[tuple[str, str]]:

@@ -1,0 +1,83 @@
+"""RunRecorder: per-test phases merged into one outcome, tests rolled up per
+clause (worst first), without running pytest."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from mtpcheck.report import RunRecorder
+
+
+def report(nodeid, when, outcome, clauses=("STATS-CONSISTENT",), xfail_reason=None, message="boom"):
+    rep = SimpleNamespace(nodeid=nodeid, when=when, duration=0.01, longrepr=None,
+                          user_properties=[("mtp_clauses", list(clauses))],
+                          passed=outcome == "passed", failed=outcome == "failed", skipped=outcome == "skipped")
+    if xfail_reason is not None:
+        rep.wasxfail = xfail_reason
+    if outcome == "skipped" and xfail_reason is None:
+        rep.longrepr = ("file.py", 1, f"Skipped: {message}")
+    if outcome == "failed":
+        rep.longrepr = message
+    return rep
+
+
+def run_test(recorder, nodeid, call, clauses=("STATS-CONSISTENT",), setup="passed", **kw):
+    """One test's setup, call and teardown reports, as pytest sends them."""
+    recorder.pytest_runtest_logreport(report(nodeid, "setup", setup, clauses))
+    if call is not None:
+        recorder.pytest_runtest_logreport(report(nodeid, "call", call, clauses, **kw))
+    recorder.pytest_runtest_logreport(report(nodeid, "teardown", "passed", clauses))
+
+
+@pytest.fixture
+def recorder():
+    return RunRecorder(backend="toy", options={}, profile="ci", seed=1234)
+
+
+def test_a_passing_setup_then_an_xfailed_call_is_xfailed(recorder):
+    run_test(recorder, "t::a", "skipped", xfail_reason="known deviation L2")
+    assert recorder.tests["t::a"]["outcome"] == "xfailed"
+    assert recorder.tests["t::a"]["message"] == "known deviation L2"
+
+
+def test_a_failing_teardown_after_a_passed_call_is_an_error(recorder):
+    recorder.pytest_runtest_logreport(report("t::a", "setup", "passed"))
+    recorder.pytest_runtest_logreport(report("t::a", "call", "passed"))
+    recorder.pytest_runtest_logreport(report("t::a", "teardown", "failed"))
+    assert recorder.tests["t::a"]["outcome"] == "error"
+
+
+def test_a_clause_with_passed_and_xfailed_tests_is_xfailed(recorder):
+    run_test(recorder, "t::a", "passed")
+    run_test(recorder, "t::b", "skipped", xfail_reason="known deviation L2")
+    row = recorder.clauses()["STATS-CONSISTENT"]
+    assert row["outcome"] == "xfailed"
+    assert row["notes"] == ["known deviation L2"]
+    assert row["tests"] == {"t::a": "passed", "t::b": "xfailed"}
+    assert recorder.summary()["xfailed"] == 1 and recorder.summary()["passed"] == 0
+    assert any(line.split()[:2] == ["STATS-CONSISTENT", "XFAILED"] for line in recorder.table_lines())
+
+
+def test_a_clause_with_passed_and_skipped_tests_is_passed(recorder):
+    run_test(recorder, "t::a", "passed")
+    run_test(recorder, "t::b", None, setup="skipped")
+    assert recorder.tests["t::b"]["outcome"] == "skipped"
+    assert recorder.clauses()["STATS-CONSISTENT"]["outcome"] == "passed"
+
+
+@pytest.mark.parametrize("outcomes, expected", [
+    (["passed", "failed", "xfailed"], "failed"),
+    (["xpassed", "xfailed", "passed"], "xpassed"),
+    (["xfailed", "skipped"], "xfailed"),
+    (["skipped", "skipped"], "skipped"),
+])
+def test_the_worst_test_outcome_is_the_clause_outcome(recorder, outcomes, expected):
+    for i, outcome in enumerate(outcomes):
+        call = {"xfailed": "skipped", "xpassed": "passed"}.get(outcome, outcome)
+        reason = "listed" if outcome in ("xfailed", "xpassed") else None
+        if outcome == "skipped":
+            run_test(recorder, f"t::{i}", None, setup="skipped")
+        else:
+            run_test(recorder, f"t::{i}", call, xfail_reason=reason)
+    assert [t["outcome"] for t in recorder.tests.values()] == outcomes
+    assert recorder.clauses()["STATS-CONSISTENT"]["outcome"] == expected
