@@ -42,10 +42,25 @@ class Profile:
     greedy_tokens: int
     hypothesis_examples: int
     trace_runs: int
+    # hypothesis shrinks a failing example before reporting it. Off in ci: the
+    # first failing example is reported as found, and shrinking one against a
+    # real backend cost minutes (76-288 s on an expected failure, mlx-lm).
+    shrink: bool = True
+
+    def hypothesis_phases(self) -> tuple:
+        """Phases for the suite's @settings: those of the loaded hypothesis
+        profile (the zoo's `-p mtpcheck.mutants._noshrink` drops shrinking
+        there), less shrink and explain (which needs shrink) when this
+        profile does not shrink."""
+        from hypothesis import Phase, settings
+
+        dropped = () if self.shrink else (Phase.shrink, Phase.explain)
+        return tuple(p for p in settings.default.phases if p not in dropped)
 
 
 PROFILES = {
-    "ci": Profile("ci", dist_runs=40, dist_tokens=48, greedy_tokens=40, hypothesis_examples=10, trace_runs=6),
+    "ci": Profile("ci", dist_runs=40, dist_tokens=48, greedy_tokens=40, hypothesis_examples=10, trace_runs=6,
+                  shrink=False),
     "dev": Profile("dev", dist_runs=80, dist_tokens=48, greedy_tokens=64, hypothesis_examples=25, trace_runs=12),
     "thorough": Profile("thorough", dist_runs=300, dist_tokens=64, greedy_tokens=128, hypothesis_examples=100, trace_runs=40),
 }

@@ -50,8 +50,8 @@ def test_interleavings_equal_solo_runs(mtp_backend, solo, mtp_profile, mtp_seed)
     reqs, solos = solo
 
     @hyp_seed(mtp_seed)
-    @settings(max_examples=mtp_profile.hypothesis_examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=mtp_profile.hypothesis_examples, phases=mtp_profile.hypothesis_phases(),
+              deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(ops=OPS, lookahead=st.booleans())
     def check(ops, lookahead):
         session = S.open_session(mtp_backend, lookahead=lookahead, adaptive_after=None)

@@ -13,8 +13,8 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
     """Hypothesis drives sampling controls, depths, budgets and prompts; every
     report must agree with itself and with the emitted tokens."""
 
-    @settings(max_examples=mtp_profile.hypothesis_examples, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=mtp_profile.hypothesis_examples, phases=mtp_profile.hypothesis_phases(),
+              deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(sp=sampling_params(), depth=st.integers(1, min(5, mtp_capabilities.max_depth)),
            max_tokens=st.integers(1, 40), prompt=st.sampled_from(sorted(mtp_fixture)), seed=st.integers(0, 2**20))
     def check(sp, depth, max_tokens, prompt, seed):
