@@ -64,7 +64,10 @@ def fixture_prompts(backend) -> dict[str, list[int]]:
 # -- statistics of the report ------------------------------------------------
 
 
-def stats_problems(res: GenerationResult, req: GenerationRequest) -> list[str]:
+def stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
+    """STATS-CONSISTENT. The emitted count follows the schedule the backend
+    declares (`caps.first_token_from_prefill`): a target-only first token from
+    the prefill, or none (round 0 emits the first token)."""
     s = res.speculation
     out = []
     if not s.used:
@@ -83,13 +86,16 @@ def stats_problems(res: GenerationResult, req: GenerationRequest) -> list[str]:
     if s.drafted and (s.acceptance_rate is None or abs(s.acceptance_rate - s.accepted / s.drafted) > 1e-9):
         out.append(f"acceptance_rate={s.acceptance_rate} != accepted/drafted={s.accepted / s.drafted:.6f}")
     if s.rounds:
-        full = 1 + s.accepted + s.rounds  # the prefill token, accepted proposals, one correction/bonus per round
+        # the prefill token (when declared), accepted proposals, one correction/bonus per round
+        lead = 1 if caps.first_token_from_prefill else 0
+        full = lead + s.accepted + s.rounds
         cut = full - len(res.tokens)
         last = s.accept_lens[-1] if s.accept_lens else 0
         if not 0 <= cut <= last:
+            terms = f"{'1 + ' if lead else ''}accepted {s.accepted} + rounds {s.rounds}"
             out.append(
-                f"{len(res.tokens)} tokens emitted but statistics imply {full} "
-                f"(1 + accepted {s.accepted} + rounds {s.rounds}); only the last block may be cut"
+                f"{len(res.tokens)} tokens emitted but statistics imply {full} ({terms}"
+                f"{'' if lead else ', first_token_from_prefill=False'}); only the last block may be cut"
             )
         elif cut and res.finish_reason != "stop" and len(res.tokens) != req.max_tokens:
             out.append(f"the last block was cut by {cut} without a stop or the budget")

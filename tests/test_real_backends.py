@@ -113,6 +113,26 @@ def test_mlx_lm_speculation_on_and_off(lm):
 
 
 @needs_lm
+def test_mlx_lm_declares_its_schedule_and_stats_consistent_checks_it(lm):
+    """mlx-lm emits its first token from round 0 and declares so; the same
+    adapter declaring a prefill token it does not have fails STATS-CONSISTENT."""
+    from mtpcheck.checks import stats_problems
+
+    caps = lm.capabilities()
+    assert caps.first_token_from_prefill is False
+    prompt = lm.encode(PROMPT_TEXT)
+    minimal = req(prompt, n=1, spec={"num_draft_tokens": 1})  # L2's example: greedy, depth 1, one token
+    longer = req(prompt, n=16, spec={"num_draft_tokens": 3})
+    results = [(lm.generate(r), r) for r in (minimal, longer)]
+    assert all(res.speculation.used for res, _ in results)
+    for res, r in results:
+        assert stats_problems(res, r, caps) == [], (r.max_tokens, res.speculation)
+    claims_prefill = caps.model_copy(update={"first_token_from_prefill": True})
+    problems = stats_problems(*results[0], claims_prefill)
+    assert problems and "(1 + accepted" in problems[0], problems
+
+
+@needs_lm
 def test_mlx_lm_statistics_are_the_from_draft_flags(lm):
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step

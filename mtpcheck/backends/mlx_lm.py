@@ -16,7 +16,7 @@ Drives mlx-lm through its public entry points only:
 mlx-lm's first token comes out of the first verification round (the draft
 proposes it); there is no target-only prefill token as in mlx-vlm or the
 reference engine, so emitted tokens = accepted + rounds, not 1 + accepted +
-rounds (docs/backends/mlx-lm.md).
+rounds: declared as ``first_token_from_prefill=False`` (docs/backends/mlx-lm.md, L2).
 
 Sampling: one sampler callable serves draft and target and draws from
 mlx-lm's one global random stream (``mx.random.seed(seed)`` before each call
@@ -128,6 +128,7 @@ class MlxLmBackend:
             mtp_kinds=["assistant"],
             max_depth=MAX_DEPTH,
             acceptance_rule="exact_match",
+            first_token_from_prefill=False,  # round 0 emits the first token (see the module docstring)
             seeded_determinism=True,
             position_addressed_target_sampling=False,
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", *PENALTY_CONTROLS],

@@ -210,6 +210,12 @@ class Capabilities(_Strict):
     mtp_kinds: list[Literal["embedded", "assistant"]] = Field(default_factory=list)
     max_depth: int = Field(0, ge=0)
     acceptance_rule: Literal["rejection", "exact_match", "unknown"] = "unknown"
+    first_token_from_prefill: bool = Field(
+        True,
+        description="the first output token is the target's own, sampled after the prompt prefill and before round 0,"
+        " so emitted tokens = 1 + accepted + rounds; False: round 0 verifies the first proposals and emits the first"
+        " token, so emitted tokens = accepted + rounds (each less a cut of the last block)",
+    )
     seeded_determinism: bool = False
     position_addressed_target_sampling: bool = False
     speculative_sampling_controls: list[str] = Field(

@@ -21,7 +21,7 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
         req = request(mtp_fixture[prompt], max_tokens, sp.model_copy(update={"seed": mtp_seed + seed}),
                       spec_for(mtp_capabilities, depth))
         res = mtp_backend.generate(req)
-        problems = stats_problems(res, req)
+        problems = stats_problems(res, req, mtp_capabilities)
         assert not problems, problems
 
     check()
