@@ -3,7 +3,9 @@
 Drives mlx-vlm through its public entry points only:
 
 * loading: ``mlx_vlm.utils.load`` (target + tokenizer) and
-  ``mlx_vlm.speculative.drafters.load_drafter`` (the ``qwen3_5_mtp`` head);
+  ``mlx_vlm.speculative.drafters.load_drafter`` (the ``qwen3_5_mtp`` head),
+  from two folders (``target/`` + ``mtp/``) or both from one native checkpoint
+  with an embedded ``mtp.*`` head (``checkpoint=native``, :func:`resolve_folders`);
 * generation: ``mlx_vlm.generate.generate_step(..., draft_model=, draft_kind="mtp",
   draft_block_size=depth + 1, seed=)``, with ``draft_model=None`` for
   speculation off, on the same loaded target;
@@ -335,17 +337,30 @@ class MlxVlmBackend:
             logprobs=False,
             traces=False,
             text=True,
-            notes=(f"qwen3_5_mtp head from {self.drafter_path.name}/ (a separate checkpoint of the target's own "
-                   f"MTP layer), default depth {self.default.num_draft_tokens}; position-addressed target "
+            checkpoint_evidence=self.native,
+            notes=(f"qwen3_5_mtp head {self.head_source}, default depth {self.default.num_draft_tokens}; "
+                   "position-addressed target "
                    "sampling is mlx-vlm's seeded sampler (temperature/top-k/top-p); with min-p mlx-vlm samples "
                    "from its shared random stream, kept apart from the drafter's; penalties and logit bias "
                    "run unaccelerated"),
         )
 
+    @property
+    def native(self) -> bool:
+        """Target and head come from one checkpoint (embedded ``mtp.*`` tensors)."""
+        return self.target_path.resolve() == self.drafter_path.resolve()
+
+    @property
+    def head_source(self) -> str:
+        if self.native:
+            return f"split in memory from the mtp.* tensors embedded in {self.target_path.name}/"
+        return f"from {self.drafter_path.name}/ (a separate checkpoint of the target's own MTP layer)"
+
     def checkpoints(self) -> dict[str, Path]:
-        """The checkpoint folders this backend runs. Not declared as
-        checkpoint_evidence: the MTP head is a separate checkpoint, a kind
-        Capabilities.mtp_kinds cannot name yet (docs/backends/mlx-vlm.md)."""
+        """The checkpoint folders this backend runs. Declared as
+        checkpoint_evidence only for a native checkpoint, whose target folder
+        carries the embedded head CAP-HONESTY looks for; a separate head is a
+        kind Capabilities.mtp_kinds cannot name yet (docs/backends/mlx-vlm.md, V7)."""
         return {"target": self.target_path, "mtp": self.drafter_path}
 
     # -- text
@@ -421,34 +436,83 @@ class MlxVlmBackend:
         return self.truth.laws(prompt, continuation, sampling)
 
 
+CHECKPOINT_LAYOUTS = ("separate", "native")
+
+
+def resolve_folders(path: str | Path | None, target: str | Path | None, drafter: str | Path | None,
+                    checkpoint: str | None) -> tuple[Path, Path]:
+    """(target folder, drafter folder) for the loader's options.
+
+    * ``checkpoint=separate`` (the default): ``path`` holds ``target/`` and
+      ``mtp/`` (a target and a stand-alone ``qwen3_5_mtp`` head);
+    * ``checkpoint=native``: ``path`` holds ``native/``, one checkpoint with
+      the head embedded as ``mtp.*`` tensors; target and drafter are both that
+      folder (mlx-vlm's target loader drops ``mtp.*``, its ``load_drafter``
+      splits them out in memory);
+    * ``path`` naming a checkpoint itself (it holds ``config.json``) is read
+      as a native checkpoint, so ``path=<folder>`` alone runs one.
+
+    ``target`` / ``drafter`` override either folder (``drafter`` defaults to
+    the target folder when the layout is native)."""
+    layout = (checkpoint or "").strip().lower() or None
+    if layout is not None and layout not in CHECKPOINT_LAYOUTS:
+        raise ValueError(f"checkpoint={checkpoint!r}: expected one of {', '.join(CHECKPOINT_LAYOUTS)}")
+    base = Path(path) if path else fixture_dir()
+    single = path is not None and (base / "config.json").is_file()
+    if single and layout == "separate":
+        raise ValueError(f"checkpoint=separate, but path={base} is one checkpoint (it holds config.json), "
+                         "not a folder holding target/ and mtp/")
+    if layout == "native" or (single and layout is None):
+        target_path = Path(target) if target else (base if single else base / "native")
+        return target_path, Path(drafter) if drafter else target_path
+    return Path(target) if target else base / "target", Path(drafter) if drafter else base / "mtp"
+
+
 def load_mlx_vlm(
     path: str | Path | None = None,
     target: str | Path | None = None,
     drafter: str | Path | None = None,
     depth: int | str | None = None,
     speculation: str | bool = True,
+    checkpoint: str | None = None,
 ) -> MlxVlmBackend:
     """Load an mlx-vlm target and its MTP drafter (default: the shipped fixture
     ``mtpcheck/fixture/real/mlx_vlm``: ``target/`` and ``mtp/``).
 
     Options (strings from --mtp-backend-option): path (folder holding target/
-    and mtp/), target, drafter (a drafter folder, or the target folder itself
-    for a native checkpoint with embedded ``mtp.*`` tensors), depth (default:
-    the drafter's block_size - 1), speculation (on|off: the loaded default)."""
+    and mtp/, or native/; or one native checkpoint folder), checkpoint
+    (separate|native, :func:`resolve_folders`), target, drafter (a drafter
+    folder, or the target folder itself for a native checkpoint with embedded
+    ``mtp.*`` tensors), depth (default: the drafter's block_size - 1; mlx-vlm
+    gives a native checkpoint's in-memory drafter block_size =
+    mtp_num_hidden_layers + 2), speculation (on|off: the loaded default)."""
     require_library("mlx_vlm", EXTRA)
     from mlx_vlm.speculative.drafters import load_drafter
     from mlx_vlm.utils import load
 
     from mtpcheck.inspect import check_pair
 
-    base = Path(path) if path else fixture_dir()
-    target_path = Path(target) if target else base / "target"
-    drafter_path = Path(drafter) if drafter else base / "mtp"
-    check_pair(target_path, drafter_path)  # AssistantMismatchError: hidden size, vocabulary or tokenizer differ
+    target_path, drafter_path = resolve_folders(path, target, drafter, checkpoint)
+    # AssistantMismatchError: hidden size, vocabulary or tokenizer differ
+    pair = check_pair(target_path, drafter_path)
+    if pair.drafter.capability.kind == "none":
+        raise ValueError(
+            f"drafter {drafter_path} carries no MTP tensors (mtpcheck inspect: kind none)"
+            + ("; a native checkpoint needs its head embedded as mtp.* tensors"
+               if drafter_path.resolve() == target_path.resolve() else ""))
     model, processor = load(str(target_path))
-    draft_model, kind = load_drafter(str(drafter_path), kind="mtp")
-    if kind != "mtp":
-        raise ValueError(f"drafter {drafter_path} resolved to kind {kind!r}, not an MTP head")
+    try:
+        draft_model, kind = load_drafter(str(drafter_path), kind="mtp")
+    except ValueError as exc:  # e.g. mlx's "Missing 1 parameters: fc.weight." names no folder
+        raise ValueError(f"mlx-vlm could not load the MTP head from {drafter_path}: {exc}") from exc
+    model_type = getattr(getattr(draft_model, "config", None), "model_type", None)
+    if kind != "mtp" or not str(model_type).endswith("_mtp"):
+        # load_drafter(kind="mtp") on a folder no MTP splitter claims loads it
+        # as an ordinary model and still answers kind "mtp"
+        raise ValueError(
+            f"drafter {drafter_path} loaded as a {model_type!r} model (kind {kind!r}), not an MTP head: "
+            "mlx-vlm splits embedded mtp.* tensors only for a registered base model_type "
+            "(mlx_vlm.speculative.drafters.mtp_split.MTP_SPLITTERS, e.g. 'qwen3_5'; not 'qwen3_5_text')")
     if depth is None:
         depth = int(getattr(draft_model.config, "block_size", 4)) - 1
     if isinstance(speculation, str):
