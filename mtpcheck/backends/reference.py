@@ -18,7 +18,7 @@ from mtpcheck.contracts import (
 
 class ReferenceBackend:
     """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
-    acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=PATH."""
+    acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=tiny|mlx-vlm|PATH."""
 
     def __init__(self, engine, folders: dict[str, Path] | None = None):
         self.engine = engine
@@ -89,21 +89,52 @@ def load_reference(
     depth: int | str = 3,
     fixture: str | Path | None = None,
 ) -> ReferenceBackend:
-    from mtpcheck.engine.decode import Engine
-    from mtpcheck.fixture import FIXTURE_DIR, load_fixture
+    """fixture: a folder, "tiny" (default: the reference fixture, target/ +
+    assistant/) or "mlx-vlm" (mlx-vlm's Qwen3.5 fixture, target/ + mtp/, decoded
+    through mtpcheck.engine.qwen3_5: the same checkpoint mlx-vlm runs)."""
+    from mtpcheck.fixture import FIXTURE_DIR
     from mtpcheck.inspect import check_pair
 
-    folder = Path(fixture) if fixture else FIXTURE_DIR
+    folder = {None: FIXTURE_DIR, "tiny": FIXTURE_DIR}.get(fixture)
+    if folder is None and fixture == "mlx-vlm":
+        from mtpcheck.fixture.realbackends import REAL_DIR
+
+        folder = REAL_DIR / "mlx_vlm"
+    folder = Path(folder or fixture)
+    spec = SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth))
+    if (folder / "mtp").is_dir():
+        return _load_qwen35(folder, acceptance, spec)
     # seed 000: an external assistant is validated against the target's
     # tokenizer and vocabulary at load; a mismatch raises AssistantMismatchError
     check_pair(folder / "target", folder / "assistant", strict=True)
+    from mtpcheck.engine.decode import Engine
+    from mtpcheck.fixture import load_fixture
+
     target, assistant, tokenizer, meta = load_fixture(folder)
-    engine = Engine(
-        target,
-        assistant,
-        tokenizer=tokenizer,
-        eos_ids=(meta["tokenizer"]["eos_id"],),
-        acceptance=acceptance,
-        default_speculation=SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth)),
-    )
+    engine = Engine(target, assistant, tokenizer=tokenizer, eos_ids=(meta["tokenizer"]["eos_id"],),
+                    acceptance=acceptance, default_speculation=spec)
     return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"})
+
+
+def _load_qwen35(folder: Path, acceptance: str, spec: SpeculationRequest) -> ReferenceBackend:
+    """The reference engine over an mlx-vlm Qwen3.5 target and its separate MTP head."""
+    import json
+
+    from mtpcheck.backends.mlx_vlm import EXTRA, require_library
+    from mtpcheck.fixture import load_tokenizer
+    from mtpcheck.inspect import check_pair
+
+    require_library("mlx_vlm", EXTRA)
+    from mtpcheck.engine.decode import Engine
+    from mtpcheck.engine.qwen3_5 import load_qwen35
+
+    check_pair(folder / "target", folder / "mtp", strict=True)  # hidden size, vocabulary, tokenizer
+    form, _ = load_qwen35(folder / "target", folder / "mtp")
+    if spec.drafter != "mtp":
+        raise ValueError(f"drafter={spec.drafter!r}: the Qwen3.5 fixture {folder} has an MTP head and no assistant")
+    eos = json.loads((folder / "target" / "config.json").read_text()).get("eos_token_id", [])
+    engine = Engine(form, None, tokenizer=load_tokenizer(folder / "target"),
+                    eos_ids=tuple(eos if isinstance(eos, list) else [eos]), acceptance=acceptance,
+                    default_speculation=spec)
+    # the head is a separate checkpoint: no embedded-head evidence to offer (CAP-HONESTY)
+    return ReferenceBackend(engine)
