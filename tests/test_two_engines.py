@@ -105,3 +105,17 @@ def test_reference_invariants_hold_on_the_hybrid_model(ref):
         rejected += sum(a < d for a, d in zip(res.speculation.accept_lens, res.speculation.draft_lens, strict=True))
     assert rejected > 0  # the rollback path ran
 
+
+
+def test_native_checkpoint_decodes_like_the_separate_pair(ref):
+    """The same weights as one checkpoint with embedded mtp.* tensors: same
+    tokens and rounds; only the native layout offers embedded-head evidence."""
+    from mtpcheck.backends.reference import load_reference
+
+    native = load_reference(fixture="mlx-vlm-native")
+    assert native.capabilities().checkpoint_evidence and not ref.capabilities().checkpoint_evidence
+    prompt = ref.encode(PROMPT_TEXT)
+    for temperature in (0.0, 1.0):
+        a, b = ref.generate(_req(prompt, temperature=temperature)), native.generate(_req(prompt, temperature=temperature))
+        assert a.tokens == b.tokens
+        assert a.speculation.accept_lens == b.speculation.accept_lens

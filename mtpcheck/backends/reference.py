@@ -18,7 +18,7 @@ from mtpcheck.contracts import (
 
 class ReferenceBackend:
     """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
-    acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=tiny|mlx-vlm|PATH."""
+    acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=tiny|mlx-vlm|mlx-vlm-native|PATH."""
 
     def __init__(self, engine, folders: dict[str, Path] | None = None):
         self.engine = engine
@@ -90,20 +90,23 @@ def load_reference(
     fixture: str | Path | None = None,
 ) -> ReferenceBackend:
     """fixture: a folder, "tiny" (default: the reference fixture, target/ +
-    assistant/) or "mlx-vlm" (mlx-vlm's Qwen3.5 fixture, target/ + mtp/, decoded
-    through mtpcheck.engine.qwen3_5: the same checkpoint mlx-vlm runs)."""
+    assistant/), "mlx-vlm" (mlx-vlm's Qwen3.5 fixture, target/ + mtp/, decoded
+    through mtpcheck.engine.qwen3_5: the same checkpoint mlx-vlm runs) or
+    "mlx-vlm-native" (the same weights as one checkpoint with embedded mtp.*)."""
     from mtpcheck.fixture import FIXTURE_DIR
     from mtpcheck.inspect import check_pair
 
     folder = {None: FIXTURE_DIR, "tiny": FIXTURE_DIR}.get(fixture)
-    if folder is None and fixture == "mlx-vlm":
+    if folder is None and fixture in ("mlx-vlm", "mlx-vlm-native"):
         from mtpcheck.fixture.realbackends import REAL_DIR
 
-        folder = REAL_DIR / "mlx_vlm"
+        folder = REAL_DIR / "mlx_vlm" / ("native" if fixture == "mlx-vlm-native" else "")
     folder = Path(folder or fixture)
     spec = SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth))
-    if (folder / "mtp").is_dir():
-        return _load_qwen35(folder, acceptance, spec)
+    if (folder / "mtp").is_dir():  # mlx-vlm layout: target/ + separate head mtp/
+        return _load_qwen35(folder / "target", folder / "mtp", acceptance, spec)
+    if (folder / "config.json").is_file():  # one checkpoint with an embedded head
+        return _load_qwen35(folder, folder, acceptance, spec)
     # seed 000: an external assistant is validated against the target's
     # tokenizer and vocabulary at load; a mismatch raises AssistantMismatchError
     check_pair(folder / "target", folder / "assistant", strict=True)
@@ -116,8 +119,9 @@ def load_reference(
     return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"})
 
 
-def _load_qwen35(folder: Path, acceptance: str, spec: SpeculationRequest) -> ReferenceBackend:
-    """The reference engine over an mlx-vlm Qwen3.5 target and its separate MTP head."""
+def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationRequest) -> ReferenceBackend:
+    """The reference engine over an mlx-vlm Qwen3.5 target and its MTP head
+    (a separate folder, or the target folder itself when the head is embedded)."""
     import json
 
     from mtpcheck.backends.mlx_vlm import EXTRA, require_library
@@ -128,13 +132,13 @@ def _load_qwen35(folder: Path, acceptance: str, spec: SpeculationRequest) -> Ref
     from mtpcheck.engine.decode import Engine
     from mtpcheck.engine.qwen3_5 import load_qwen35
 
-    check_pair(folder / "target", folder / "mtp", strict=True)  # hidden size, vocabulary, tokenizer
-    form, _ = load_qwen35(folder / "target", folder / "mtp")
     if spec.drafter != "mtp":
-        raise ValueError(f"drafter={spec.drafter!r}: the Qwen3.5 fixture {folder} has an MTP head and no assistant")
-    eos = json.loads((folder / "target" / "config.json").read_text()).get("eos_token_id", [])
-    engine = Engine(form, None, tokenizer=load_tokenizer(folder / "target"),
+        raise ValueError(f"drafter={spec.drafter!r}: the Qwen3.5 checkpoint {target} has an MTP head and no assistant")
+    check_pair(target, head, strict=True)  # hidden size, vocabulary, tokenizer
+    form, _ = load_qwen35(target, head)
+    eos = json.loads((target / "config.json").read_text()).get("eos_token_id", [])
+    engine = Engine(form, None, tokenizer=load_tokenizer(target),
                     eos_ids=tuple(eos if isinstance(eos, list) else [eos]), acceptance=acceptance,
                     default_speculation=spec)
-    # the head is a separate checkpoint: no embedded-head evidence to offer (CAP-HONESTY)
-    return ReferenceBackend(engine)
+    # embedded-head evidence (CAP-HONESTY) exists only when the target checkpoint carries the head
+    return ReferenceBackend(engine, {"target": target} if target.resolve() == head.resolve() else None)
