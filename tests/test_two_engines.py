@@ -119,3 +119,20 @@ def test_native_checkpoint_decodes_like_the_separate_pair(ref):
         a, b = ref.generate(_req(prompt, temperature=temperature)), native.generate(_req(prompt, temperature=temperature))
         assert a.tokens == b.tokens
         assert a.speculation.accept_lens == b.speculation.accept_lens
+
+
+def test_caches_equal_a_fresh_prefill_after_every_round(ref):
+    """The white-box rollback check (engine/invariants.py) on the hybrid model:
+    KV caches, conv windows, recurrent states and the head's cache."""
+    from mtpcheck.engine.invariants import cache_problems
+
+    engine, problems, rounds = ref.engine, [], []
+
+    def observer(snap):
+        rounds.append(snap.round)
+        problems.extend(cache_problems(engine, snap))
+
+    prompt = ref.encode(PROMPT_TEXT)
+    res = engine.generate(_req(prompt, n=20, temperature=1.0, seed=11), observer=observer)
+    assert len(rounds) > 3 and min(res.speculation.accept_lens) < 3  # rounds with rejections ran
+    assert not problems, problems[:5]
