@@ -136,3 +136,40 @@ def test_caches_equal_a_fresh_prefill_after_every_round(ref):
     res = engine.generate(_req(prompt, n=20, temperature=1.0, seed=11), observer=observer)
     assert len(rounds) > 3 and min(res.speculation.accept_lens) < 3  # rounds with rejections ran
     assert not problems, problems[:5]
+
+
+def test_the_measuring_drafters_do_what_they_claim():
+    """two_engines' ablation drafters: the head's first entry is the last
+    prompt position, drafts are one-hot, and exact match keeps the output
+    token for token equal to plain decoding under the same seed."""
+    from mtpcheck.backends.reference import load_reference
+    from mtpcheck.fixture.two_engines import ArgmaxFromLastPrompt
+
+    b = load_reference(fixture="mlx-vlm", acceptance="exact_match")
+    made = []
+    b.engine.make_drafter = lambda plan: made.append(ArgmaxFromLastPrompt(b.engine.target)) or made[-1] if plan.used else None
+    prompt = b.encode(PROMPT_TEXT)
+    res = b.generate(_req(prompt, temperature=1.0, seed=5, trace=True))
+    assert made[-1].offset == len(prompt) - 1
+    assert all(max(q) == 1.0 for t in res.trace for q in t.draft_probs)
+    assert res.tokens == b.generate(_req(prompt, temperature=1.0, seed=5, depth=0)).tokens
+
+
+def test_v10_mlx_vlm_hands_its_head_one_prompt_position(vlm):
+    """Evidence for V10 (docs/backends/mlx-vlm.md): mlx-vlm 0.7.10's MTP drafter
+    is prefilled with the last prompt position only. If a release feeds the
+    whole prompt, this fails: update the finding."""
+    seen, orig = {}, vlm.drafter.prefill_from_target_hidden
+
+    def spy(input_ids, hidden, *a, **k):
+        seen.update(ids=tuple(input_ids.shape), hidden=tuple(hidden.shape))
+        return orig(input_ids, hidden, *a, **k)
+
+    vlm.drafter.prefill_from_target_hidden = spy
+    try:
+        prompt = vlm.encode(PROMPT_TEXT)
+        vlm.generate(_req(prompt, n=6))
+    finally:
+        del vlm.drafter.prefill_from_target_hidden  # back to the class's method
+    assert len(prompt) > 1
+    assert seen == {"ids": (1, 1), "hidden": (1, 1, 64)}
