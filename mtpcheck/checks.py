@@ -22,7 +22,6 @@ from mtpcheck.contracts import (
 from mtpcheck.contracts.models import history_digest
 
 LAW_ATOL = 1e-9  # traced laws are float64; recomputation differs only by rounding
-NEAR_TIE_EPS = 1e-3  # greedy divergences excused only below this top-2 probability margin (T=1)
 
 CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "speculation": lambda c: bool(c.mtp_kinds) and c.max_depth >= 1,
@@ -235,9 +234,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def top2_margin(p: np.ndarray) -> float:
-    top = np.sort(p)[-2:]
-    return float(top[1] - top[0])
+def top2_logit_gap(p: np.ndarray) -> float:
+    """log(p1 / p2) of a temperature-1 law: the gap between its two largest
+    logits, whatever the rest of the vocabulary holds. (A probability margin
+    p1 - p2 is not: on a flat softmax over a large vocabulary it is tiny at
+    every position, so it would excuse any divergence as a near-tie.)"""
+    p2, p1 = np.sort(np.asarray(p, dtype=np.float64))[-2:]
+    return math.inf if p2 <= 0 else float(math.log(p1 / p2))
 
 
 # -- observations for the statistical clauses --------------------------------

@@ -229,6 +229,13 @@ class Capabilities(_Strict):
     lookahead: bool = False
     constraints: bool = False
     checkpoint_evidence: bool = Field(False, description="checkpoints() gives the target/assistant folders it runs")
+    near_tie_logit_gap: float = Field(
+        1e-3, ge=0.0, le=1.0,
+        description="GREEDY-EQUIV excuses a greedy divergence only where the target's top-2 logit gap, log(p1/p2)"
+        " of the temperature-1 law, is below this (nats): rounding of the logits' own precision. The default suits"
+        " float32 logits; declare the gap your logits' dtype can flip (about 2 ulps at their magnitude, e.g. 0.03"
+        " for float16 logits near 8), and the report shows it",
+    )
     notes: str = ""
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mtpcheck.checks import NEAR_TIE_EPS, first_divergence, top2_margin
+from mtpcheck.checks import first_divergence, top2_logit_gap
 from mtpcheck.contracts import SamplingParams
 
 from ._util import request, spec_for
@@ -22,14 +22,14 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
         i = first_divergence(spec.tokens, plain.tokens)
         if i is None:
             continue
-        margin = None
+        gap, tolerance = None, mtp_capabilities.near_tie_logit_gap
         if mtp_capabilities.target_distributions:
             laws = mtp_backend.target_distributions(prompt, plain.tokens[: i + 1], SamplingParams(temperature=1.0))
-            margin = top2_margin(np.asarray(laws[i]))
+            gap = top2_logit_gap(np.asarray(laws[i]))
         evidence = dict(prompt=name, depth=depth, position=i, plain=plain.tokens[i:i + 3], spec=spec.tokens[i:i + 3],
-                        top2_margin=margin, epsilon=NEAR_TIE_EPS)
+                        top2_logit_gap=gap, near_tie_logit_gap=tolerance)
         mtp_record(divergence=evidence)
-        if margin is None or margin >= NEAR_TIE_EPS:
+        if gap is None or gap >= tolerance:
             pytest.fail(f"greedy divergence not excused by a near-tie: {evidence}")
         excused.append(evidence)
     if excused:
