@@ -173,3 +173,21 @@ def test_v10_mlx_vlm_hands_its_head_one_prompt_position(vlm):
         del vlm.drafter.prefill_from_target_hidden  # back to the class's method
     assert len(prompt) > 1
     assert seen == {"ids": (1, 1), "hidden": (1, 1, 64)}
+
+
+def test_a_target_labelled_mtp_is_refused_at_load(tmp_path):
+    """V8: mlx-vlm's load_drafter returns the target itself, labelled "mtp", for a
+    qwen3_5_text folder with mtp.* tensors; the reference refuses it by name."""
+    import json
+    import shutil
+
+    from mtpcheck.engine.qwen3_5 import load_qwen35
+    from mtpcheck.fixture.realbackends import REAL_DIR
+
+    folder = tmp_path / "native-as-text"
+    shutil.copytree(REAL_DIR / "mlx_vlm" / "native", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(config.pop("text_config"), model_type="qwen3_5_text")
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="did not load as a qwen3_5_mtp head"):
+        load_qwen35(folder, folder)

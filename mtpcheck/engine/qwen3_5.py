@@ -154,8 +154,9 @@ def load_qwen35(target_path, drafter_path=None, dtype=mx.float32) -> tuple[Qwen3
     drafter = None
     if drafter_path is not None:
         drafter, kind = load_drafter(str(drafter_path), kind="mtp")
-        if kind != "mtp":
-            raise ValueError(f"drafter {drafter_path} resolved to kind {kind!r}, not an MTP head")
+        if kind != "mtp" or not hasattr(drafter, "_forward_hidden"):  # V8: a target labelled "mtp"
+            raise ValueError(f"drafter {drafter_path} did not load as a qwen3_5_mtp head "
+                             f"(kind {kind!r}, {type(drafter).__name__})")
     for m in (model, drafter):
         if m is not None:
             m.set_dtype(dtype)
