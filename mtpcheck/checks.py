@@ -98,6 +98,9 @@ def stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabili
             )
         elif cut and res.finish_reason != "stop" and len(res.tokens) != req.max_tokens:
             out.append(f"the last block was cut by {cut} without a stop or the budget")
+    elif len(res.tokens) > int(caps.first_token_from_prefill):  # no round: only the prefill token, if any
+        out.append(f"{len(res.tokens)} tokens emitted with used=True but no round reported "
+                   f"(first_token_from_prefill={caps.first_token_from_prefill})")
     if s.bonus_tokens > s.rounds:
         out.append(f"bonus_tokens={s.bonus_tokens} > rounds={s.rounds}")
     return out

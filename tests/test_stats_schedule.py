@@ -45,6 +45,14 @@ def test_a_round_0_first_token_holds_only_when_declared(n_tokens, accept_lens, m
 def test_a_prefill_first_token_holds_only_when_declared(n_tokens, accept_lens, max_tokens):
     res, req = result(n_tokens, accept_lens, max_tokens=max_tokens)
     assert stats_problems(res, req, PREFILL) == []
-    if accept_lens:
-        problems = stats_problems(res, req, NO_PREFILL)
-        assert problems and "first_token_from_prefill=False" in problems[0], problems
+    problems = stats_problems(res, req, NO_PREFILL)
+    assert problems and "first_token_from_prefill=False" in problems[0], problems
+
+
+@pytest.mark.parametrize("n_tokens", [2, 5])
+def test_tokens_without_rounds_are_unaccounted_for(n_tokens):
+    """used=True but no round: at most the prefill token may have been emitted."""
+    res, req = result(n_tokens, [], max_tokens=n_tokens)
+    for caps in (PREFILL, NO_PREFILL):
+        problems = stats_problems(res, req, caps)
+        assert problems and "no round reported" in problems[0], problems
