@@ -41,11 +41,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mtpcheck.backends.mlx_vlm import (
     FLOAT16_NEAR_TIE,
     DecodePathLogprobs,
+    LibraryBackend,
     check_request,
     composed_sampler,
     drive,
@@ -53,8 +52,8 @@ from mtpcheck.backends.mlx_vlm import (
     library_version,
     penalty_processors,
     plan_speculation,
-    report,
     require_library,
+    switch,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -102,7 +101,7 @@ class RoundCounter:
         return True
 
 
-class MlxLmBackend:
+class MlxLmBackend(LibraryBackend):
     """One loaded mlx-lm target and its draft model. Options of
     :func:`load_mlx_lm`: path, target, draft, depth, speculation."""
 
@@ -151,13 +150,6 @@ class MlxLmBackend:
         """The checkpoint folders this backend runs (capability checkpoint_evidence)."""
         return {"target": self.target_path, "assistant": self.draft_path}
 
-    # -- text
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     # -- generation
     def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
         return plan_speculation(req, self.default, "assistant", str(self.draft_path), 2, MAX_DEPTH)
@@ -204,24 +196,9 @@ class MlxLmBackend:
             out = drive(stream, request, eos, self.decode, round_end=(lambda item: item[1]) if used else None)
         finally:
             close()
-        return GenerationResult(
-            tokens=out.tokens,
-            text=out.text_published,
-            finish_reason=out.finish_reason,
-            logprobs=None,
-            events=out.events,
-            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
-                               drafter=str(self.draft_path), depth=depth, draft_kind="assistant",
-                               runtime=self.runtime, reason=reason, message=message,
-                               accept_lens=counter.accept_lens, draft_lens=counter.draft_lens),
-            seed=seed,
-        )
-
-    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        if not continuation:
-            return np.zeros((0, self.vocab_size))
-        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        return self.truth.laws(prompt, continuation, sampling)
+        return self.result(out, spec=spec, used=used, depth=depth, reason=reason, message=message,
+                           drafter=str(self.draft_path), draft_kind="assistant", accept_lens=counter.accept_lens,
+                           draft_lens=counter.draft_lens, seed=seed)
 
 
 def load_mlx_lm(
@@ -252,7 +229,5 @@ def load_mlx_lm(
     eos = sorted(int(e) for e in getattr(tokenizer, "eos_token_ids", []) or [])
     if not eos and getattr(model.args, "eos_token_id", None) is not None:
         eos = [int(model.args.eos_token_id)]
-    if isinstance(speculation, str):
-        speculation = speculation.lower() not in ("off", "false", "0", "no")
     return MlxLmBackend(model, tokenizer, draft_model, target_path=target_path, draft_path=draft_path,
-                        depth=int(depth), speculation=bool(speculation), vocab_size=vocab, eos_ids=eos)
+                        depth=int(depth), speculation=switch(speculation), vocab_size=vocab, eos_ids=eos)

@@ -245,6 +245,50 @@ def report(*, requested: bool, used: bool, mode: str, drafter: str | None, depth
     )
 
 
+def switch(value: str | bool) -> bool:
+    """A loader's on/off option (a string from --mtp-backend-option, or a bool)."""
+    return value.lower() not in ("off", "false", "0", "no") if isinstance(value, str) else bool(value)
+
+
+class LibraryBackend:
+    """What both library adapters do alike: text through the library's
+    tokenizer, ground truth from the decode path (``self.truth``), and the
+    result of a driven stream with its speculation report."""
+
+    runtime: str
+    tokenizer: Any
+    truth: DecodePathLogprobs
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+        if not continuation:
+            return np.zeros((0, self.vocab_size))
+        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
+        return self.truth.laws(prompt, continuation, sampling)
+
+    def result(self, out, *, spec: SpeculationRequest, used: bool, depth: int, reason: str | None,
+               message: str | None, drafter: str, draft_kind: str, accept_lens: list[int], draft_lens: list[int],
+               seed: int) -> GenerationResult:
+        """The GenerationResult of a stream `drive` consumed into `out`."""
+        return GenerationResult(
+            tokens=out.tokens,
+            text=out.text_published,
+            finish_reason=out.finish_reason,
+            logprobs=None,
+            events=out.events,
+            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=drafter,
+                               depth=depth, draft_kind=draft_kind, runtime=self.runtime, reason=reason,
+                               message=message, accept_lens=accept_lens, draft_lens=draft_lens),
+            seed=seed,
+        )
+
+
 class DecodePathLogprobs:
     """Log-probability rows of teacher-forced continuations, computed along the
     library's own speculation-off decode path: the prompt but its last token
@@ -301,7 +345,7 @@ class DecodePathLogprobs:
 # -- the backend ----------------------------------------------------------------
 
 
-class MlxVlmBackend:
+class MlxVlmBackend(LibraryBackend):
     """One loaded mlx-vlm target and its MTP drafter. Options of
     :func:`load_mlx_vlm`: path, target, drafter, depth, speculation."""
 
@@ -367,13 +411,6 @@ class MlxVlmBackend:
         kind Capabilities.mtp_kinds cannot name yet (docs/backends/mlx-vlm.md, V7)."""
         return {"target": self.target_path, "mtp": self.drafter_path}
 
-    # -- text
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     # -- generation
     def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
         return plan_speculation(req, self.default, "mtp", str(self.drafter_path), 3, MAX_DEPTH,
@@ -419,25 +456,9 @@ class MlxVlmBackend:
             stream.close()
         accept_lens = [int(a) for a in self.drafter.accept_lens] if used else []
         draft_lens = [int(d) for d in self.drafter.draft_lens] if used else []
-        text = out.text_published
-        return GenerationResult(
-            tokens=out.tokens,
-            text=text,
-            finish_reason=out.finish_reason,
-            logprobs=None,
-            events=out.events,
-            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
-                               drafter=str(self.drafter_path), depth=depth, draft_kind="mtp",
-                               runtime=self.runtime, reason=reason, message=message,
-                               accept_lens=accept_lens, draft_lens=draft_lens),
-            seed=seed,
-        )
-
-    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        if not continuation:
-            return np.zeros((0, self.vocab_size))
-        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        return self.truth.laws(prompt, continuation, sampling)
+        return self.result(out, spec=spec, used=used, depth=depth, reason=reason, message=message,
+                           drafter=str(self.drafter_path), draft_kind="mtp", accept_lens=accept_lens,
+                           draft_lens=draft_lens, seed=seed)
 
 
 CHECKPOINT_LAYOUTS = ("separate", "native")
@@ -519,7 +540,5 @@ def load_mlx_vlm(
             "(mlx_vlm.speculative.drafters.mtp_split.MTP_SPLITTERS, e.g. 'qwen3_5'; not 'qwen3_5_text')")
     if depth is None:
         depth = int(getattr(draft_model.config, "block_size", 4)) - 1
-    if isinstance(speculation, str):
-        speculation = speculation.lower() not in ("off", "false", "0", "no")
     return MlxVlmBackend(model, processor, draft_model, target_path=target_path, drafter_path=drafter_path,
-                         depth=int(depth), speculation=bool(speculation))
+                         depth=int(depth), speculation=switch(speculation))
