@@ -355,34 +355,28 @@ def plot(engine_rows: list[dict], side: dict | None, path: Path, alpha: float) -
         return False
     panels = [x for x in (engine_rows, side) if x]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
-    ax = axes[0][0]
     if engine_rows:
-        for i, row in enumerate(engine_rows):
-            color = f"C{i}"
-            for key, style in (("g", "-o"), ("ks", ":s")):
-                ns = sorted(row[key])
-                ax.plot(ns, [row[key][n] for n in ns], style, color=color, ms=4,
-                        label=f"{row['name']} ({'G-test' if key == 'g' else 'PIT-KS'})")
-        ax.set(xscale="log", xlabel="observations (pooled over contexts)", ylabel="detection rate",
-               title=f"A. toy backend, T = 1, alpha = {alpha:.3g}")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        ax = axes[0][-1]
+        _curves(axes[0][0], engine_rows, {"g": ("-o", "G-test"), "ks": (":s", "PIT-KS")}, 7,
+                xlabel="observations (pooled over contexts)", title=f"A. toy backend, T = 1, alpha = {alpha:.3g}")
     if side:
-        for i, row in enumerate(side["rows"]):
-            color = f"C{i}"
-            for key, style in (("g", "-o"), ("l2", "--^")):
-                ns = sorted(row[key])
-                ax.plot(ns, [row[key][n] for n in ns], style, color=color, ms=4,
-                        label=f"{row['name']} ({'G-test' if key == 'g' else 'L2 heuristic'})")
-        ax.set(xscale="log", xlabel="samples (the heuristic: all five sizes)", ylabel="detection rate",
-               title=f"B. one position, V = 10, false alarms {SIDE_ALPHA:.0%}")
-        ax.legend(fontsize=6)
-        ax.grid(alpha=0.3)
+        _curves(axes[0][-1], side["rows"], {"g": ("-o", "G-test"), "l2": ("--^", "L2 heuristic")}, 6,
+                xlabel="samples (the heuristic: all five sizes)",
+                title=f"B. one position, V = 10, false alarms {SIDE_ALPHA:.0%}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _curves(ax, rows, tests: dict[str, tuple[str, str]], fontsize: int, xlabel: str, title: str) -> None:
+    """One panel: detection rate against sample size, a colour per row, a line style per test."""
+    for i, row in enumerate(rows):
+        for key, (style, test) in tests.items():
+            ns = sorted(row[key])
+            ax.plot(ns, [row[key][n] for n in ns], style, color=f"C{i}", ms=4, label=f"{row['name']} ({test})")
+    ax.set(xscale="log", xlabel=xlabel, ylabel="detection rate", title=title)
+    ax.legend(fontsize=fontsize)
+    ax.grid(alpha=0.3)
 
 
 def main(argv: list[str] | None = None) -> int:
