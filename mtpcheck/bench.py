@@ -330,10 +330,7 @@ def plot(backend: str, results: dict[str, list[dict]], out: str | Path) -> dict[
         ax.set(title=f"{backend} / {kind}", xlabel="proposal position", ylabel="P(accepted | drafted)", ylim=(0, 1.05))
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths["acceptance"] = str(out / f"{backend}-acceptance.png")
-    fig.savefig(paths["acceptance"], dpi=110)
-    plt.close(fig)
+    paths["acceptance"] = _save(plt, fig, out / f"{backend}-acceptance.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for kind in kinds:
@@ -345,10 +342,7 @@ def plot(backend: str, results: dict[str, list[dict]], out: str | Path) -> dict[
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set(title=f"{backend}: speedup against depth", xlabel="depth (proposals per round)", ylabel="on / off tok/s")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths["speedup"] = str(out / f"{backend}-speedup.png")
-    fig.savefig(paths["speedup"], dpi=110)
-    plt.close(fig)
+    paths["speedup"] = _save(plt, fig, out / f"{backend}-speedup.png")
 
     fig, ax = plt.subplots(figsize=(4.8, 4.4))
     pts = [(r["predicted_speedup"], r["speedup"], kind, r["depth"]) for kind in kinds for r in results[kind]
@@ -369,11 +363,15 @@ def plot(backend: str, results: dict[str, list[dict]], out: str | Path) -> dict[
     ax.set(title=f"{backend}: predicted vs realised", xlabel="predicted speedup", ylabel="realised speedup",
            xlim=(lo, hi), ylim=(lo, hi))
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    paths["predicted_vs_realised"] = str(out / f"{backend}-predicted-vs-realised.png")
-    fig.savefig(paths["predicted_vs_realised"], dpi=110)
-    plt.close(fig)
+    paths["predicted_vs_realised"] = _save(plt, fig, out / f"{backend}-predicted-vs-realised.png")
     return paths
+
+
+def _save(plt, fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def parse_depths(text: str) -> tuple[int, ...]:
