@@ -135,7 +135,7 @@ def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationReq
     if spec.drafter != "mtp":
         raise ValueError(f"drafter={spec.drafter!r}: the Qwen3.5 checkpoint {target} has an MTP head and no assistant")
     check_pair(target, head, strict=True)  # hidden size, vocabulary, tokenizer
-    form, _ = load_qwen35(target, head)
+    form = load_qwen35(target, head)
     eos = json.loads((target / "config.json").read_text()).get("eos_token_id", [])
     engine = Engine(form, None, tokenizer=load_tokenizer(target),
                     eos_ids=tuple(eos if isinstance(eos, list) else [eos]), acceptance=acceptance,

@@ -141,8 +141,8 @@ class Qwen35Form:
         return [AttnCache() for _ in range(self.args.mtp_layers)]
 
 
-def load_qwen35(target_path, drafter_path=None, dtype=mx.float32) -> tuple[Qwen35Form, object]:
-    """(model form, processor) from an mlx-vlm target folder and MTP drafter folder,
+def load_qwen35(target_path, drafter_path=None, dtype=mx.float32) -> Qwen35Form:
+    """The model form of an mlx-vlm target folder and MTP drafter folder,
     loaded with mlx-vlm's own loaders. The reference computes in float32 (the
     fixture's float16 weights upcast, as load_model does for the tiny fixture):
     in float16 its teacher-forced law and its decoding law differ by rounding,
@@ -150,7 +150,7 @@ def load_qwen35(target_path, drafter_path=None, dtype=mx.float32) -> tuple[Qwen3
     from mlx_vlm.speculative.drafters import load_drafter
     from mlx_vlm.utils import load
 
-    model, processor = load(str(target_path))
+    model, _ = load(str(target_path))  # the reference reads text through tokenizers (load_tokenizer)
     drafter = None
     if drafter_path is not None:
         drafter, kind = load_drafter(str(drafter_path), kind="mtp")
@@ -161,4 +161,4 @@ def load_qwen35(target_path, drafter_path=None, dtype=mx.float32) -> tuple[Qwen3
         if m is not None:
             m.set_dtype(dtype)
             mx.eval(m.parameters())  # evaluate here: a lazy cast would be evaluated on the caller's thread
-    return Qwen35Form(model, drafter), processor
+    return Qwen35Form(model, drafter)
