@@ -94,14 +94,11 @@ def load_reference(
     through mtpcheck.engine.qwen3_5: the same checkpoint mlx-vlm runs) or
     "mlx-vlm-native" (the same weights as one checkpoint with embedded mtp.*)."""
     from mtpcheck.fixture import FIXTURE_DIR
+    from mtpcheck.fixture.realbackends import REAL_DIR
     from mtpcheck.inspect import check_pair
 
-    folder = {None: FIXTURE_DIR, "tiny": FIXTURE_DIR}.get(fixture)
-    if folder is None and fixture in ("mlx-vlm", "mlx-vlm-native"):
-        from mtpcheck.fixture.realbackends import REAL_DIR
-
-        folder = REAL_DIR / "mlx_vlm" / ("native" if fixture == "mlx-vlm-native" else "")
-    folder = Path(folder or fixture)
+    named = {"tiny": FIXTURE_DIR, "mlx-vlm": REAL_DIR / "mlx_vlm", "mlx-vlm-native": REAL_DIR / "mlx_vlm" / "native"}
+    folder = named.get(str(fixture or "tiny")) or Path(fixture)
     spec = SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth))
     if (folder / "mtp").is_dir():  # mlx-vlm layout: target/ + separate head mtp/
         return _load_qwen35(folder / "target", folder / "mtp", acceptance, spec)
