@@ -256,8 +256,9 @@ def interleave_problems(out: ScheduledOutcome, solo: GenerationResult) -> list[s
     return problems
 
 
-def report_problems(out: ScheduledOutcome) -> list[str]:
-    """Statistics agree with each other and with the committed stream. Output
+def report_problems(out: ScheduledOutcome, first_token_from_prefill: bool = True) -> list[str]:
+    """Statistics agree with each other and with the committed stream, counted
+    by the backend's declared schedule (as checks.stats_problems). Output
     ended by a stop or the budget may cut the last block; cancelled output
     holds only whole rounds."""
     s, tag = out.speculation, f"request {out.request_id}"
@@ -267,7 +268,7 @@ def report_problems(out: ScheduledOutcome) -> list[str]:
     if s.drafted != sum(s.draft_lens) or s.accepted != sum(s.accept_lens):
         problems.append(f"{tag}: drafted/accepted disagree with draft_lens/accept_lens")
     if s.used and out.tokens:
-        full = 1 + s.accepted + s.rounds
+        full = int(first_token_from_prefill) + s.accepted + s.rounds
         cut = full - len(out.tokens)
         if cut < 0 or (out.cancelled and cut != 0) or cut > (s.accept_lens[-1] if s.accept_lens else 0):
             problems.append(f"{tag}: {len(out.tokens)} tokens but statistics imply {full} "

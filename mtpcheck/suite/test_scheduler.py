@@ -46,7 +46,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["advance"] * 12 + ["drop", "cancel"]),
 
 
 @pytest.mark.contract("SCHED-INTERLEAVE")
-def test_interleavings_equal_solo_runs(mtp_backend, solo, mtp_profile, mtp_seed):
+def test_interleavings_equal_solo_runs(mtp_backend, mtp_capabilities, solo, mtp_profile, mtp_seed):
     reqs, solos = solo
 
     @hyp_seed(mtp_seed)
@@ -67,7 +67,9 @@ def test_interleavings_equal_solo_runs(mtp_backend, solo, mtp_profile, mtp_seed)
                 session.cancel(ids[i])
         S.run_all(session)
         outs = [session.outcome(i) for i in ids]
-        _assert_none([p for o, s in zip(outs, solos, strict=True) for p in S.interleave_problems(o, s) + S.report_problems(o)])
+        prefill = mtp_capabilities.first_token_from_prefill
+        _assert_none([p for o, s in zip(outs, solos, strict=True)
+                      for p in S.interleave_problems(o, s) + S.report_problems(o, prefill)])
 
     check()
 
@@ -97,7 +99,7 @@ CANCEL_POINTS = [(0, True), (1, True), (2, False), (3, True), (7, False)]
 
 @pytest.mark.contract("SCHED-CANCEL")
 @pytest.mark.parametrize("actions, lookahead", CANCEL_POINTS)
-def test_cancel_publishes_nothing_after(mtp_backend, solo, actions, lookahead):
+def test_cancel_publishes_nothing_after(mtp_backend, mtp_capabilities, solo, actions, lookahead):
     reqs, solos = solo
     session = S.open_session(mtp_backend, lookahead=lookahead)
     delivered = [[] for _ in reqs]
@@ -115,7 +117,8 @@ def test_cancel_publishes_nothing_after(mtp_backend, solo, actions, lookahead):
     assert not outs[1].cancelled and outs[1].finish_reason is not None
     problems = S.event_problems(outs[0], delivered[0], after_cancel=at_cancel)
     for o, s, d in zip(outs, solos, delivered, strict=True):
-        problems += S.interleave_problems(o, s) + S.report_problems(o) + S.event_problems(o, d)
+        problems += (S.interleave_problems(o, s) + S.report_problems(o, mtp_capabilities.first_token_from_prefill)
+                     + S.event_problems(o, d))
     _assert_none(problems)
 
 
