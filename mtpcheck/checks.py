@@ -40,11 +40,36 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
 }
 
 
+RULE_VALUES = ("exact_match", "rejection")  # values of Capabilities.acceptance_rule, not capabilities
+
+
 def missing_capabilities(caps: Capabilities, needed: list[str]) -> list[str]:
     unknown = [n for n in needed if n not in CAPABILITIES]
     if unknown:
         raise ValueError(f"unknown capability names {unknown}; known: {sorted(CAPABILITIES)}")
     return sorted({n for n in needed if not CAPABILITIES[n](caps)})
+
+
+def cannot_speculate(caps: Capabilities) -> str | None:
+    """Why the declared capabilities forbid any speculative request, or None."""
+    why = ([] if caps.mtp_kinds else ["no drafter (mtp_kinds=[])"]) + (["max_depth=0"] if caps.max_depth < 1 else [])
+    return f"backend cannot speculate: {', '.join(why)}" if why else None
+
+
+def skip_reason(caps: Capabilities, missing: list[str]) -> str:
+    """One skip line for `missing` (from missing_capabilities): speculation
+    says which declaration forbids it, a rule value is named as the value the
+    backend declares, the rest are missing capabilities."""
+    parts = []
+    if "speculation" in missing:
+        parts.append(cannot_speculate(caps) or "backend cannot speculate")
+    rules = [m for m in missing if m in RULE_VALUES]
+    if rules:
+        parts.append(f"clause needs acceptance_rule={'/'.join(rules)}, backend declares {caps.acceptance_rule!r}")
+    lacks = [m for m in missing if m != "speculation" and m not in RULE_VALUES]
+    if lacks:
+        parts.append(f"backend lacks capability: {', '.join(lacks)}")
+    return "; ".join(parts)
 
 
 def fixture_prompts(backend) -> dict[str, list[int]]:
@@ -246,6 +271,62 @@ def top2_logit_gap(p: np.ndarray) -> float:
     return math.inf if p2 <= 0 else float(math.log(p1 / p2))
 
 
+# -- seeded samples ------------------------------------------------------------
+
+
+def seeded_flip(law: np.ndarray, plain_token: int, spec_token: int, uniform: float | None = None) -> dict:
+    """Where a seeded inverse-CDF draw (token-id order, engine.sampling.sample)
+    could land on `spec_token` instead of `plain_token` by rounding alone.
+
+    Plain decoding drew `plain_token` at uniform u: u lies in its interval of
+    the plain-path law. A runtime whose law differs from it by at most d in
+    every CDF value can only draw a token whose interval lies within d of
+    that one, so `interval_gap` (0 for neighbouring tokens) is a lower bound
+    of the perturbation that explains the flip; with u known (a trace), the
+    distance from u to the speculative token's interval is the exact one."""
+    p = np.asarray(law, dtype=np.float64)
+    hi = np.cumsum(p) / p.sum()
+    lo = hi - p / p.sum()
+    a, b = int(plain_token), int(spec_token)
+    if a < b:  # the edge of a's interval that faces b
+        boundary, gap = float(hi[a]), float(lo[b] - hi[a])
+    else:
+        boundary, gap = float(lo[a]), float(lo[a] - hi[b])
+    out = dict(plain_token=a, spec_token=b, p_plain=float(p[a]), p_spec=float(p[b]), boundary=boundary,
+               interval_gap=max(gap, 0.0), uniform=uniform, uniform_to_spec_interval=None)
+    if uniform is not None:
+        out["uniform_to_spec_interval"] = float(lo[b] - uniform if a < b else uniform - hi[b])
+    return out
+
+
+def flip_excused(flip: dict, tolerance: float) -> tuple[bool, str]:
+    """(excused, why) for seeded_flip's evidence at a declared CDF tolerance."""
+    if tolerance <= 0:
+        return False, "seed_cdf_tolerance is 0 (exact): no flip is excused"
+    if flip["p_spec"] <= 0:
+        return False, f"the speculative token {flip['spec_token']} has probability 0 under the target law"
+    if flip["interval_gap"] > tolerance:
+        return False, (f"the tokens' CDF intervals are {flip['interval_gap']:.3g} apart, beyond seed_cdf_tolerance "
+                       f"{tolerance:g}: no rounding of the law explains it")
+    d = flip["uniform_to_spec_interval"]
+    if d is not None and d > tolerance:
+        return False, (f"the seeded uniform {flip['uniform']:.9g} is {d:.3g} from the speculative token's interval, "
+                       f"beyond seed_cdf_tolerance {tolerance:g}")
+    return True, f"within seed_cdf_tolerance {tolerance:g} of the CDF boundary {flip['boundary']:.9g}"
+
+
+def traced_uniform(res: GenerationResult, prompt_len: int, index: int) -> float | None:
+    """The target-stream uniform a trace reports for output token `index`
+    (logical position prompt_len + index), or None (no trace, or the
+    prefill token, which no round covers)."""
+    pos = prompt_len + index
+    for t in res.trace or []:
+        j = pos - t.position
+        if 0 <= j < len(t.target_uniforms):
+            return float(t.target_uniforms[j])
+    return None
+
+
 # -- observations for the statistical clauses --------------------------------
 
 
@@ -259,11 +340,13 @@ def observations(backend, prompt: list[int], results: list[GenerationResult], sp
 
 
 def logprob_problems(res: GenerationResult, laws: np.ndarray, atol: float = 1e-4) -> list[str]:
+    """LOGPROBS at the declared tolerance (Capabilities.logprob_tolerance)."""
     if res.logprobs is None:
         return ["no logprobs reported"]
     out = []
     for i, (tok, lp) in enumerate(zip(res.tokens, res.logprobs, strict=True)):
         want = math.log(laws[i][tok]) if laws[i][tok] > 0 else -math.inf
         if not (abs(lp - want) <= atol or lp == want):
-            out.append(f"token {i} ({tok}): logprob {lp:.6g}, target law says {want:.6g}")
+            out.append(f"token {i} ({tok}): logprob {lp:.6g}, target law says {want:.6g} "
+                       f"(off by {abs(lp - want):.3g} > logprob_tolerance {atol:g})")
     return out

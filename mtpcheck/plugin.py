@@ -137,7 +137,7 @@ def pytest_runtest_setup(item):
     if not ids:
         return
     from mtpcheck.catalogue import load_catalogue
-    from mtpcheck.checks import missing_capabilities
+    from mtpcheck.checks import missing_capabilities, skip_reason
 
     backend = _backend(item.config)
     clauses = load_catalogue().by_id()
@@ -145,7 +145,7 @@ def pytest_runtest_setup(item):
     needed += [c for m in item.iter_markers("requires") for c in m.args]
     missing = missing_capabilities(backend.capabilities(), needed)
     if missing:
-        pytest.skip(f"backend lacks capability: {', '.join(missing)}")
+        pytest.skip(skip_reason(backend.capabilities(), missing))
 
 
 def pytest_sessionfinish(session, exitstatus):

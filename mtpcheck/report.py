@@ -55,6 +55,11 @@ def _outcome(report) -> str:
     return "skipped" if report.skipped else "passed"
 
 
+def _clip(text: str, n: int) -> str:
+    """At most n characters, cut at a word boundary: a cut word reads as another value."""
+    return text if len(text) <= n else text[: n - 4].rsplit(" ", 1)[0] + " ..."
+
+
 def _message(report) -> str:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]).removeprefix("Skipped: ")
@@ -62,7 +67,7 @@ def _message(report) -> str:
         return report.wasxfail
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
-        return (crash.message if crash else str(report.longrepr)).splitlines()[0][:300]
+        return _clip((crash.message if crash else str(report.longrepr)).splitlines()[0], 300)
     return ""
 
 
@@ -127,7 +132,7 @@ class RunRecorder:
         lines = []
         for cid, row in rows.items():
             note = row["notes"][0] if row["notes"] else ""
-            lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  {note[:110]}")
+            lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  {_clip(note, 110)}")
         counts = self.summary()
         lines.append("clauses: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         return lines

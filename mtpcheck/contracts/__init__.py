@@ -1,6 +1,6 @@
 """Pydantic contracts shared by the engine, the backends and the suite."""
 
-from .errors import BackendError, MtpCheckError, SpeculationUnavailableError
+from .errors import BackendError, MtpCheckError, PromptTooLongError, SpeculationUnavailableError, check_prompt_length
 from .models import (
     Capabilities,
     Event,
@@ -24,6 +24,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "MtpCheckError",
+    "PromptTooLongError",
     "RoundTrace",
     "SamplingParams",
     "SpeculationReport",
@@ -32,4 +33,5 @@ __all__ = [
     "StopEvent",
     "TextEvent",
     "TokenEvent",
+    "check_prompt_length",
 ]

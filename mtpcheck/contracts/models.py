@@ -236,6 +236,25 @@ class Capabilities(_Strict):
         " float32 logits; declare the gap your logits' dtype can flip (about 2 ulps at their magnitude, e.g. 0.03"
         " for float16 logits near 8), and the report shows it",
     )
+    seed_cdf_tolerance: float = Field(
+        0.0, ge=0.0, le=0.1,
+        description="SEED-SPEC-EQUALS-PLAIN excuses a seeded speculative sample that differs from the plain one only"
+        " where it can be a float flip: the two tokens' inverse-CDF intervals (token-id order, plain path's law) lie"
+        " within this distance of each other, and, when traces give the seeded uniform, the uniform lies within it of"
+        " their boundary. 0 (default): exact, nothing is excused. A float runtime declares its CDF rounding, e.g. 1e-3",
+    )
+    logprob_tolerance: float = Field(
+        1e-4, gt=0.0, le=1.0,
+        description="LOGPROBS: largest |reported logprob - log p| (nats) against target_distributions' law",
+    )
+    logit_dtype: Literal["float64", "float32", "float16", "bfloat16"] = Field(
+        "float32", description="dtype the target's logits are computed in; explain-divergence states gaps in its ulps",
+    )
+    context_length: int | None = Field(
+        None, ge=1,
+        description="most prompt tokens the backend accepts; a longer prompt raises PromptTooLongError before any"
+        " forward (mtpcheck.contracts.check_prompt_length). None: undeclared",
+    )
     notes: str = ""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mtpcheck.contracts import GenerationRequest, SamplingParams
 
 # Statistical subtests in the whole suite; each gets SUITE_ALPHA / STAT_SUBTESTS
@@ -25,6 +27,13 @@ def seeded(sp: SamplingParams, seed: int) -> SamplingParams:
 
 
 def spec_for(caps, depth: int | None = None, **kw) -> dict:
-    """A speculation block for the backend's first drafter kind at a depth it supports."""
+    """A speculation block for the backend's first drafter kind at a depth it
+    supports. Never builds one the capabilities forbid: a backend that cannot
+    speculate skips the calling test, with the reason."""
+    from mtpcheck.checks import cannot_speculate
+
+    why = cannot_speculate(caps)
+    if why:
+        pytest.skip(why)
     d = min(depth or 3, caps.max_depth)
     return {"mode": "native_mtp", "num_draft_tokens": d, **kw}

@@ -15,10 +15,11 @@ def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture):
     on = mtp_backend.generate(request(prompt, 16, sp, spec_for(mtp_capabilities), stop_token_ids=[])).speculation
     assert on.requested and on.mode == "native_mtp"
     if on.used:
-        assert on.rounds >= 1 and on.drafted >= 1, "used=True but nothing was drafted"
-        assert on.reason is None
+        assert on.rounds >= 1 and on.drafted >= 1, f"drafted={on.drafted}, rounds={on.rounds} with used=True"
+        assert on.reason is None, f"reason={on.reason!r} with used=True"
     else:
-        assert on.reason in REASONS and on.message, "used=False needs a named reason and a message"
+        assert on.reason in REASONS and on.message, (
+            f"reason={on.reason!r}, message={on.message!r}: used=False needs a named reason and a message")
     off = mtp_backend.generate(request(prompt, 16, sp, False)).speculation
     assert not off.requested and not off.used and off.rounds == 0 and off.drafted == 0
     assert off.reason == "not_requested" and off.message
@@ -38,8 +39,11 @@ def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabi
     off = mtp_backend.generate(request(prompt, 24, sp, False))
     plain = mtp_backend.generate(request(prompt, 24, SamplingParams(temperature=0.0), False))
     if not on.speculation.used:
-        assert on.speculation.reason == "sampling_control_unsupported", on.speculation
-        assert name in (on.speculation.message or ""), "the message must name the control"
+        s = on.speculation
+        assert s.reason == "sampling_control_unsupported", (
+            f"reason={s.reason!r} with {name} and speculation off, expected 'sampling_control_unsupported' "
+            f"(message: {s.message!r})")
+        assert name in (s.message or ""), f"message={s.message!r} does not name the control {name}"
     elif name not in mtp_capabilities.speculative_sampling_controls:
         pytest.fail(f"speculated with {name} that the backend does not declare it honours")
     assert on.tokens == off.tokens, f"with {name}, speculative output differs from target-only output"

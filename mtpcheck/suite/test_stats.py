@@ -22,6 +22,6 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
                       spec_for(mtp_capabilities, depth))
         res = mtp_backend.generate(req)
         problems = stats_problems(res, req, mtp_capabilities)
-        assert not problems, problems
+        assert not problems, "; ".join(problems)
 
     check()
