@@ -1,4 +1,4 @@
-"""`mtpcheck`: generate, run, contracts, inspect.
+"""`mtpcheck`: generate, explain-divergence, run, contracts, inspect.
 
 Bad arguments give one clear line on stderr and exit status 2."""
 
@@ -38,7 +38,7 @@ def cmd_generate(args) -> int:
     import pydantic
 
     from mtpcheck.backends import UnknownBackendError, load_backend, parse_options
-    from mtpcheck.contracts import GenerationRequest, SpeculationUnavailableError
+    from mtpcheck.contracts import GenerationRequest, SpeculationUnavailableError, check_prompt_length
 
     try:
         spec = False if args.speculation == "off" else {
@@ -59,6 +59,8 @@ def cmd_generate(args) -> int:
         prompt = backend.encode(args.prompt)
         if not prompt:
             return _fail("the prompt encodes to no tokens")
+        # refused here too, before any forward, for a backend that does not check it itself
+        check_prompt_length(prompt, backend.capabilities().context_length)
         res = backend.generate(req.model_copy(update={"prompt_tokens": prompt}))
     except pydantic.ValidationError as exc:
         err = exc.errors()[0]
@@ -74,11 +76,66 @@ def cmd_generate(args) -> int:
     print(f"tokens: {len(res.tokens)}  finish: {res.finish_reason}  seed: {res.seed}")
     if s.used:
         print(f"speculation: {s.draft_kind} depth {s.num_draft_tokens}, {s.acceptance_rule}; rounds {s.rounds}, "
-              f"drafted {s.drafted}, accepted {s.accepted} (rate {s.acceptance_rate:.2f}), "
+              f"drafted {s.drafted}, accepted {s.accepted} (rate "
+              f"{'n/a' if s.acceptance_rate is None else format(s.acceptance_rate, '.2f')}), "
               f"{len(res.tokens) / max(s.rounds, 1):.2f} tokens per round")
     else:
         print(f"speculation: not used ({s.reason}): {s.message}")
     return 0
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of token ids (e.g. '12,7,301')") from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: token ids must be one or more integers >= 0")
+    return ids
+
+
+def _at_least_one(text: str) -> int:
+    value = _positive(int)(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def cmd_explain_divergence(args) -> int:
+    """Greedy plain vs speculative on one backend: where they part and why
+    (mtpcheck.triage). Exit 0: no divergence or a near-tie; 1: structural or
+    undetermined; 2: bad input."""
+    from mtpcheck.backends import UnknownBackendError, load_backend, parse_options
+    from mtpcheck.contracts import SpeculationUnavailableError, check_prompt_length
+    from mtpcheck.triage import explain_divergence
+
+    try:
+        backend = load_backend(args.backend, parse_options(args.backend_option))
+        caps = backend.capabilities()
+        if args.prompt_ids is not None:
+            bad = [t for t in args.prompt_ids if t >= caps.vocab_size]
+            if bad:
+                return _fail(f"--prompt-ids: {bad[:5]} outside the vocabulary of size {caps.vocab_size}")
+            prompt = args.prompt_ids
+        else:
+            if not caps.text:
+                return _fail(f"backend {args.backend!r} has no tokenizer; pass --prompt-ids")
+            prompt = backend.encode(args.prompt)
+            if not prompt:
+                return _fail("the prompt encodes to no tokens")
+        check_prompt_length(prompt, caps.context_length)
+        if caps.max_depth < 1 or not caps.mtp_kinds:
+            return _fail(f"backend {args.backend!r} cannot speculate (max_depth={caps.max_depth}, "
+                         f"mtp_kinds={caps.mtp_kinds}): nothing to compare")
+        report = explain_divergence(backend, prompt, args.num_draft_tokens, args.max_tokens,
+                                    logit_magnitude=args.logit_magnitude, name=args.backend)
+    except (UnknownBackendError, SpeculationUnavailableError, ValueError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.verdict in ("no-divergence", "near-tie") else 1
 
 
 def cmd_run(args) -> int:
@@ -158,6 +215,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
+
+    x = sub.add_parser("explain-divergence", help="greedy plain vs speculative: the first divergence, near-tie or structural")
+    x.add_argument("--backend", default="mlx")
+    x.add_argument("--backend-option", action="append", default=[], metavar="KEY=VALUE")
+    which = x.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="prompt text (backends with a tokenizer)")
+    which.add_argument("--prompt-ids", type=_token_ids, metavar="IDS", help="prompt token ids, e.g. '12,7,301'")
+    x.add_argument("--num-draft-tokens", type=_at_least_one, help="speculation depth (default: the backend's)")
+    x.add_argument("--max-tokens", type=_at_least_one, default=64)
+    x.add_argument("--logit-magnitude", type=float, default=16.0,
+                   help="|logit| at which gaps are counted in ulps (the law fixes differences only; default 16)")
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_explain_divergence)
 
     r = sub.add_parser("run", help="run the conformance suite against a backend")
     r.add_argument("--backend", default="mlx")

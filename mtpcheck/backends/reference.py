@@ -13,6 +13,7 @@ from mtpcheck.contracts import (
     GenerationResult,
     SamplingParams,
     SpeculationRequest,
+    check_prompt_length,
 )
 
 
@@ -20,9 +21,11 @@ class ReferenceBackend:
     """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
     acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=tiny|mlx-vlm|mlx-vlm-native|PATH."""
 
-    def __init__(self, engine, folders: dict[str, Path] | None = None):
+    def __init__(self, engine, folders: dict[str, Path] | None = None, context_length: int | None = None):
         self.engine = engine
         self.folders = folders or {}  # role -> checkpoint folder, when loaded from disk
+        # longest prompt accepted: attention over an unbounded one grows without limit (23.5 GB at 100 KB)
+        self.context_length = context_length
 
     def checkpoints(self) -> dict[str, Path]:
         """The checkpoint folders this backend runs (capability checkpoint_evidence)."""
@@ -52,10 +55,12 @@ class ReferenceBackend:
             lookahead="assistant" in kinds,
             constraints=True,
             checkpoint_evidence=bool(self.folders),
+            context_length=self.context_length,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
+        check_prompt_length(request.prompt_tokens, self.context_length)
         return self.engine.generate(request)
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
@@ -66,6 +71,7 @@ class ReferenceBackend:
         if not continuation:
             return np.zeros((0, self.engine.vocab_size))
         seq = list(prompt) + list(continuation)
+        check_prompt_length(seq, self.context_length)
         _, logits = self.engine.target(mx.array(seq[:-1])[None])  # [1, P+C-1, V]
         rows = np.array(logits[0, len(prompt) - 1 :], dtype=np.float64)
         return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))])
@@ -113,7 +119,25 @@ def load_reference(
     target, assistant, tokenizer, meta = load_fixture(folder)
     engine = Engine(target, assistant, tokenizer=tokenizer, eos_ids=(meta["tokenizer"]["eos_id"],),
                     acceptance=acceptance, default_speculation=spec)
-    return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"})
+    return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"},
+                            context_length=context_length(folder / "target"))
+
+
+def context_length(folder: Path) -> int | None:
+    """The context a checkpoint declares: config.json's max_position_embeddings
+    (top level or text_config), else tokenizer_config.json's model_max_length."""
+    import json
+
+    def read(name):
+        path = folder / name
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    config = read("config.json")
+    for value in (config.get("max_position_embeddings"), config.get("text_config", {}).get("max_position_embeddings"),
+                  read("tokenizer_config.json").get("model_max_length")):
+        if isinstance(value, int) and 0 < value < 2**40:  # tokenizers write 1e30 for "no limit"
+            return value
+    return None
 
 
 def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationRequest) -> ReferenceBackend:
@@ -138,4 +162,5 @@ def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationReq
                     eos_ids=tuple(eos if isinstance(eos, list) else [eos]), acceptance=acceptance,
                     default_speculation=spec)
     # embedded-head evidence (CAP-HONESTY) exists only when the target checkpoint carries the head
-    return ReferenceBackend(engine, {"target": target} if target.resolve() == head.resolve() else None)
+    return ReferenceBackend(engine, {"target": target} if target.resolve() == head.resolve() else None,
+                            context_length=context_length(target))

@@ -28,5 +28,8 @@ def build_toy_engine(seed: int = 0, vocab: int = 48, acceptance: str = "rejectio
 
 
 def load_toy(seed: str = "0", vocab: str = "48", acceptance: str = "rejection", drafter: str = "mtp",
-             depth: str = "3", twin: str = "0") -> ReferenceBackend:
-    return ReferenceBackend(build_toy_engine(int(seed), int(vocab), acceptance, drafter, int(depth), twin not in ("0", "false", "")))
+             depth: str = "3", twin: str = "0", context: str = "2048") -> ReferenceBackend:
+    """context: the longest prompt accepted (random weights have no trained
+    context; the bound keeps a forward's memory small)."""
+    return ReferenceBackend(build_toy_engine(int(seed), int(vocab), acceptance, drafter, int(depth), twin not in ("0", "false", "")),
+                            context_length=int(context))

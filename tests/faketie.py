@@ -1,0 +1,63 @@
+"""A numpy-only backend with an engineered near-tie (for tests/test_triage.py;
+not a test module): at output index FLIP_AT its top-2 logits are `gap` nats
+apart and the speculative path takes the runner-up - what a float runtime's
+batched verification does to a near-tie. gap=2 makes the same flip structural."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtpcheck.contracts import Capabilities, GenerationResult, SpeculationReport
+
+V, FLIP_AT = 50, 4
+
+
+def logits(history, gap):
+    z = np.random.default_rng([len(history), *history[-2:]]).normal(size=V)
+    if len(history) == FIRST + FLIP_AT:
+        top = np.argsort(z)[-2:]
+        z[top[1]] = z[top[0]] + gap  # the top two logits `gap` apart
+    return z
+
+
+FIRST = 3  # prompt length the tests use
+
+
+class FakeTie:
+    def __init__(self, gap="1e-4", tol="1e-3", depth="2"):
+        self.gap, self.tol, self.depth = float(gap), float(tol), int(depth)
+
+    def capabilities(self):
+        return Capabilities(name="fake-tie", version="0", vocab_size=V, mtp_kinds=["embedded"], max_depth=self.depth,
+                            acceptance_rule="exact_match", target_distributions=True, near_tie_logit_gap=self.tol,
+                            logit_dtype="float16", context_length=64)
+
+    def generate(self, req):
+        from mtpcheck.contracts import check_prompt_length
+
+        check_prompt_length(req.prompt_tokens, 64)
+        spec = req.speculation is not None and req.speculation.mode != "off"
+        hist, out = list(req.prompt_tokens), []
+        for i in range(req.max_tokens):
+            order = np.argsort(logits(hist, self.gap))
+            t = int(order[-2] if spec and i == FLIP_AT else order[-1])
+            out.append(t)
+            hist.append(t)
+        d = (req.speculation.num_draft_tokens or self.depth) if spec else 0
+        report = SpeculationReport(requested=spec, used=spec, mode="native_mtp" if spec else "off", runtime="fake",
+                                   num_draft_tokens=d, reason=None if spec else "not_requested",
+                                   message=None if spec else "off")
+        return GenerationResult(tokens=out, text="", finish_reason="length", speculation=report)
+
+    def target_distributions(self, prompt, continuation, sampling):
+        seq = list(prompt) + list(continuation)
+        rows = []
+        for i in range(len(continuation)):
+            z = logits(seq[: len(prompt) + i], self.gap)
+            p = np.exp(z - z.max())
+            rows.append(p / p.sum())
+        return np.stack(rows)
+
+
+def load(**options):
+    return FakeTie(**options)
