@@ -21,8 +21,10 @@ def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture):
         assert on.reason in REASONS and on.message, (
             f"reason={on.reason!r}, message={on.message!r}: used=False needs a named reason and a message")
     off = mtp_backend.generate(request(prompt, 16, sp, False)).speculation
-    assert not off.requested and not off.used and off.rounds == 0 and off.drafted == 0
-    assert off.reason == "not_requested" and off.message
+    assert not off.requested and not off.used and off.rounds == 0 and off.drafted == 0, (
+        f"requested={off.requested}, used={off.used}, rounds={off.rounds}, drafted={off.drafted} with speculation off")
+    assert off.reason == "not_requested" and off.message, (
+        f"reason={off.reason!r}, message={off.message!r} with speculation off, expected 'not_requested' and words")
 
 
 # strong enough that honouring them visibly changes greedy output

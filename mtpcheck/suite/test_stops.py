@@ -59,7 +59,7 @@ def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixt
             res = mtp_backend.generate(request(prompt, 32, GREEDY, spec_for(mtp_capabilities, 4), stop=[stop], stop_token_ids=[]))
             assert res.tokens == plain.tokens[:n], f"stop {stop!r}: {len(res.tokens)} tokens, expected {n}"
             assert res.text == text[:first], f"stop {stop!r}: text must end before the stop string"
-            assert res.finish_reason == "stop"
-            assert not _published_after_stop(res)
+            assert res.finish_reason == "stop", f"finish_reason={res.finish_reason!r} after stop {stop!r}, expected 'stop'"
+            assert not _published_after_stop(res), f"stop {stop!r}: token events published after the stop"
             checked += 1
     assert checked, "no usable stop string in the fixture outputs"
