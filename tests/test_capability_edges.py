@@ -98,3 +98,19 @@ def test_skip_reasons_name_a_rule_value_as_a_value():
         "clause needs acceptance_rule=exact_match, backend declares 'rejection'; backend lacks capability: traces")
     assert skip_reason(Capabilities(name="x", version="0", vocab_size=4), ["speculation"]) == (
         "backend cannot speculate: no drafter (mtp_kinds=[]), max_depth=0")
+
+
+def test_traced_uniform_is_the_position_addressed_target_uniform():
+    from mtpcheck.backends.toy import load_toy
+    from mtpcheck.checks import traced_uniform
+    from mtpcheck.contracts import GenerationRequest, SamplingParams
+    from mtpcheck.engine.sampling import STREAM_TARGET, uniform
+
+    backend = load_toy(acceptance="exact_match")
+    prompt = [3, 4, 5, 6]
+    res = backend.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=12, stop_token_ids=[], trace=True,
+                                             sampling=SamplingParams(temperature=1.0, seed=7),
+                                             speculation={"num_draft_tokens": 2}))
+    assert traced_uniform(res, len(prompt), 0) is None  # the prefill token: no round covers it
+    for i in range(1, len(res.tokens)):
+        assert traced_uniform(res, len(prompt), i) == uniform(7, STREAM_TARGET, len(prompt) + i)
