@@ -114,3 +114,13 @@ def test_traced_uniform_is_the_position_addressed_target_uniform():
     assert traced_uniform(res, len(prompt), 0) is None  # the prefill token: no round covers it
     for i in range(1, len(res.tokens)):
         assert traced_uniform(res, len(prompt), i) == uniform(7, STREAM_TARGET, len(prompt) + i)
+
+
+def test_report_notes_are_cut_at_a_word_boundary():
+    from mtpcheck.report import _clip
+
+    line = "reason='sampling_control_unsupported' with presence_penalty, message=" + "word " * 100
+    short = _clip(line, 110)
+    assert len(short) <= 110 and short.endswith(" ...") and short.startswith("reason='sampling_control_unsupported'")
+    assert short[:-4] == line[: len(short) - 4] and line[len(short) - 4] == " "  # cut before a space: no half word
+    assert _clip("short", 110) == "short"
