@@ -38,7 +38,11 @@ def cmd_generate(args) -> int:
     import pydantic
 
     from mtpcheck.backends import UnknownBackendError, load_backend, parse_options
-    from mtpcheck.contracts import GenerationRequest, SpeculationUnavailableError, check_prompt_length
+    from mtpcheck.contracts import (
+        GenerationRequest,
+        SpeculationUnavailableError,
+        check_prompt_length,
+    )
 
     try:
         spec = False if args.speculation == "off" else {

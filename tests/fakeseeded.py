@@ -13,11 +13,11 @@ import numpy as np
 
 from mtpcheck.contracts import (
     Capabilities,
+    FinishEvent,
     GenerationResult,
     SpeculationReport,
     SpeculationUnavailableError,
     TokenEvent,
-    FinishEvent,
 )
 from mtpcheck.engine.sampling import STREAM_TARGET, process, sample, uniform
 

@@ -1,6 +1,12 @@
 """Pydantic contracts shared by the engine, the backends and the suite."""
 
-from .errors import BackendError, MtpCheckError, PromptTooLongError, SpeculationUnavailableError, check_prompt_length
+from .errors import (
+    BackendError,
+    MtpCheckError,
+    PromptTooLongError,
+    SpeculationUnavailableError,
+    check_prompt_length,
+)
 from .models import (
     Capabilities,
     Event,

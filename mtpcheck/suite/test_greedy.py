@@ -30,7 +30,11 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
                         top2_logit_gap=gap, near_tie_logit_gap=tolerance)
         mtp_record(divergence=evidence)
         if gap is None or gap >= tolerance:
-            pytest.fail(f"greedy divergence not excused by a near-tie: {evidence}")
+            why = ("no target_distributions to read the gap from" if gap is None
+                   else f"top-2 logit gap {gap:.4g} nats >= near_tie_logit_gap {tolerance:g}")
+            tok = lambda out: out.tokens[i] if i < len(out.tokens) else "(end)"  # noqa: E731
+            pytest.fail(f"position {i}: speculative token {tok(spec)} != plain token {tok(plain)} "
+                        f"(prompt {name}, depth {depth}); not a near-tie: {why}")
         excused.append(evidence)
     if excused:
         mtp_record(excused_near_ties=len(excused))
