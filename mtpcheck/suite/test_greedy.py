@@ -32,8 +32,8 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
         if gap is None or gap >= tolerance:
             why = ("no target_distributions to read the gap from" if gap is None
                    else f"top-2 logit gap {gap:.4g} nats >= near_tie_logit_gap {tolerance:g}")
-            tok = lambda out: out.tokens[i] if i < len(out.tokens) else "(end)"  # noqa: E731
-            pytest.fail(f"position {i}: speculative token {tok(spec)} != plain token {tok(plain)} "
+            s_tok, p_tok = (out.tokens[i] if i < len(out.tokens) else "(end)" for out in (spec, plain))
+            pytest.fail(f"position {i}: speculative token {s_tok} != plain token {p_tok} "
                         f"(prompt {name}, depth {depth}); not a near-tie: {why}")
         excused.append(evidence)
     if excused:
