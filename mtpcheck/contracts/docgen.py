@@ -147,8 +147,8 @@ NOTES: dict[str, str] = {
     "Capabilities.mtp_kinds": "drafters it can run: 'embedded' MTP heads, an external 'assistant'. Empty: it cannot "
     "speculate, and every speculative clause skips saying so",
     "Capabilities.max_depth": "largest num_draft_tokens it runs; 0 (the default): it cannot speculate, the "
-    "speculative clauses skip and the suite builds no speculative request (CAP-HONESTY alone asks for depth "
-    "max_depth + 1, to see it refused)",
+    "speculative clauses skip and the suite builds no speculative request. A speculating backend is asked once "
+    "for depth max_depth + 1 (CAP-HONESTY), to see it refused",
     "Capabilities.acceptance_rule": "'rejection' (speculative sampling), 'exact_match' (keep a proposal iff it equals "
     "the target's own sample) or 'unknown'. A value, not a capability: clauses that need one rule skip naming the "
     "value declared",
