@@ -7,8 +7,10 @@ runs them with `pytest --pyargs mtpcheck.suite --mtp-backend=mlx-vlm|mlx-lm`."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ HAVE_LM = importlib.util.find_spec("mlx_lm") is not None
 needs_vlm = pytest.mark.skipif(not HAVE_VLM, reason="mlx-vlm is not installed (pip install 'mtpcheck[mlx-vlm]')")
 needs_lm = pytest.mark.skipif(not HAVE_LM, reason="mlx-lm is not installed (pip install 'mtpcheck[mlx-lm]')")
 
+BOTH = [pytest.param("vlm", marks=needs_vlm), pytest.param("lm", marks=needs_lm)]
 PROMPT_TEXT = "id,name,city,score\n1,grace,oslo,17\n2,victor,lima,88\n3,"
 
 
@@ -87,14 +90,63 @@ def test_mlx_vlm_statistics_are_the_drafters_counters(vlm):
     assert 0 <= cut <= s.accept_lens[-1] and len(res.tokens) == 24  # only the budget cuts the last round
 
 
-@needs_vlm
-def test_mlx_vlm_penalties_run_unaccelerated_or_raise(vlm):
-    prompt = vlm.encode(PROMPT_TEXT)
-    res = vlm.generate(req(prompt, repetition_penalty=1.5, spec=True))
+@pytest.fixture
+def guarded(request):
+    """A loaded adapter with guard on (the loader's own option parsing is
+    checked in test_the_guard_is_a_loader_option); restored after the test."""
+    b = request.getfixturevalue(request.param)
+    b.guard = True
+    yield b
+    b.guard = False
+
+
+PENALTY = {"repetition_penalty": 1.5}
+
+
+@pytest.mark.parametrize("guarded", BOTH, indirect=True)
+def test_with_guard_on_penalties_run_unaccelerated_or_raise(guarded):
+    prompt = guarded.encode(PROMPT_TEXT)
+    assert "repetition_penalty" not in guarded.capabilities().speculative_sampling_controls
+    res = guarded.generate(req(prompt, **PENALTY, spec=True))
     assert not res.speculation.used and res.speculation.reason == "sampling_control_unsupported"
-    assert "repetition_penalty" in res.speculation.message
+    assert "repetition_penalty" in res.speculation.message and "guard=on" in res.speculation.message
     with pytest.raises(SpeculationUnavailableError):
-        vlm.generate(req(prompt, repetition_penalty=1.5, spec={"require_acceleration": True}))
+        guarded.generate(req(prompt, **PENALTY, spec={"require_acceleration": True}))
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_by_default_penalties_go_to_the_library_with_speculation(name, request):
+    """Thin by default: the library's API takes penalties with a drafter, so
+    the adapter speculates and declares them; whether the library honours
+    them is the suite's verdict (REPORT-NO-SILENT-FALLBACK, xfails V1 / L1)."""
+    b = request.getfixturevalue(name)
+    prompt = b.encode(PROMPT_TEXT)
+    assert "repetition_penalty" in b.capabilities().speculative_sampling_controls
+    res = b.generate(req(prompt, **PENALTY, spec={"require_acceleration": True}))
+    assert res.speculation.used and res.speculation.reason is None
+
+
+def test_the_guard_is_a_loader_option():
+    from mtpcheck.backends import resolve_factory
+
+    for name in ("mlx-vlm", "mlx-lm"):
+        params = inspect.signature(resolve_factory(name)).parameters
+        assert params["guard"].default is False and "context_length" in params
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_a_prompt_longer_than_the_context_is_refused_before_any_forward(name, request):
+    from mtpcheck.backends._library import PromptTooLongError
+
+    b = request.getfixturevalue(name)
+    prompt = b.encode(("id,name,city,score\n" * 6000)[:100_000])  # a 100 KB prompt
+    assert len(prompt) > b.context == 2048  # the fixtures' max_position_embeddings
+    t0 = time.perf_counter()
+    with pytest.raises(PromptTooLongError, match=f"{len(prompt)} tokens exceed the context length 2048"):
+        b.generate(req(prompt, spec=True))
+    with pytest.raises(ValueError):  # a ValueError too: a bad request
+        b.target_distributions(prompt, [1], SamplingParams(temperature=1.0))
+    assert time.perf_counter() - t0 < 2.0
 
 
 @needs_lm
@@ -147,8 +199,6 @@ def test_mlx_lm_statistics_are_the_from_draft_flags(lm):
     assert res.speculation.accepted == sum(f for _, _, f in direct)
     assert res.speculation.rounds == sum(not f for _, _, f in direct) + (1 if direct[-1][2] else 0)
 
-
-BOTH = [pytest.param("vlm", marks=needs_vlm), pytest.param("lm", marks=needs_lm)]
 
 
 @pytest.mark.parametrize("name", BOTH)
