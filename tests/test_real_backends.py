@@ -219,3 +219,18 @@ def test_tokens_outside_the_vocabulary_are_refused(name, request):
     b = request.getfixturevalue(name)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         b.generate(req([1, 2, b.capabilities().vocab_size]))
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_generate_stream_chunks_concatenate_to_generate(name, request):
+    """generate_stream (the `streaming` capability's method, undeclared for
+    now) yields chunks in arrival order through the same path as generate()."""
+    b = request.getfixturevalue(name)
+    prompt = b.encode(PROMPT_TEXT)
+    for spec, kw, stop in ((True, {}, []), (False, {"temperature": 1.0}, []), (True, {}, ["\n"])):
+        r = req(prompt, n=24, spec=spec, **kw).model_copy(update={"stop": stop})
+        chunks = list(b.generate_stream(r))
+        res = b.generate(r)
+        assert len(chunks) > 1 and all(c["finish_reason"] is None for c in chunks[:-1])
+        assert [t for c in chunks for t in c["tokens"]] == res.tokens
+        assert "".join(c["text"] for c in chunks) == res.text and chunks[-1]["finish_reason"] == res.finish_reason

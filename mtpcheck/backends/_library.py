@@ -190,26 +190,39 @@ def penalty_processors(sp: SamplingParams, context: int, sample_utils) -> list:
     )
 
 
-def drive(stream, req: GenerationRequest, eos: list[int], decode, round_end=None):
+def drive_chunks(stream, req: GenerationRequest, eos: list[int], decode, round_end=None):
     """Commit tokens from a library token stream through the project's stop
-    matcher (EOS ids, stop strings, budget). Returns the OutputState.
+    matcher (EOS ids, stop strings, budget); a generator that yields, after
+    each library item that published anything, one stream chunk (a dict of
+    StreamChunk's fields: the tokens and text published since the last chunk;
+    finish_reason on the last) and returns the OutputState.
 
     `stream` yields token ids; `round_end(item) -> bool`, when given, lets the
     caller drain the rest of the current round after a stop (those tokens are
     computed already, never committed) so that its statistics are complete."""
+    from mtpcheck.contracts import FinishEvent, TextEvent, TokenEvent
     from mtpcheck.engine.events import OutputState, StopMatcher, commit_tokens
 
     out = OutputState(prompt_len=len(req.prompt_tokens))
     matcher = StopMatcher(decode, req.stop, eos)
+    sent = 0
+
+    def chunk():
+        nonlocal sent
+        new, sent = out.events[sent:], len(out.events)
+        return {"tokens": [e.token for e in new if isinstance(e, TokenEvent)],
+                "text": "".join(e.text for e in new if isinstance(e, TextEvent)),
+                "finish_reason": out.finish_reason}
+
     last = None
     for last in stream:
         tok = last[0] if isinstance(last, tuple) else last
         commit_tokens(out, matcher, [int(tok)], [None], req.max_tokens)
         if out.finish_reason is not None:
             break
+        if len(out.events) > sent:
+            yield chunk()
     if out.finish_reason is None:  # the library stopped before the budget: publish what is held back
-        from mtpcheck.contracts import FinishEvent, TextEvent
-
         text = matcher.text_of(out.tokens)
         if len(text) > len(out.text_published) and text.startswith(out.text_published):
             out.events.append(TextEvent(text=text[len(out.text_published) :]))
@@ -220,7 +233,22 @@ def drive(stream, req: GenerationRequest, eos: list[int], decode, round_end=None
         for item in stream:
             if round_end(item):
                 break
+    yield chunk()
     return out
+
+
+def drive(stream, req: GenerationRequest, eos: list[int], decode, round_end=None):
+    """:func:`drive_chunks` consumed: the OutputState of the whole stream."""
+    return run_to_end(drive_chunks(stream, req, eos, decode, round_end))
+
+
+def run_to_end(chunks):
+    """Consume a generator of chunks; its return value."""
+    while True:
+        try:
+            next(chunks)
+        except StopIteration as done:
+            return done.value
 
 
 def report(*, requested: bool, used: bool, mode: str, drafter: str | None, depth: int, draft_kind: str,
@@ -270,6 +298,19 @@ class LibraryBackend:
     def check(self, req: GenerationRequest) -> None:
         """Refuse what the library cannot express, before any forward."""
         check_request(req, self.vocab_size, self.context)
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        return run_to_end(self._run(request))
+
+    def generate_stream(self, request: GenerationRequest):
+        """Stream chunks (dicts of StreamChunk's fields) in arrival order: what
+        each token the library yields publishes, through the same path as
+        generate(). For the `streaming` capability (not declared here yet)."""
+        yield from self._run(request)
+
+    def _run(self, request: GenerationRequest):
+        """A generator of stream chunks returning the GenerationResult."""
+        raise NotImplementedError
 
     def speculative_controls(self, penalties_reach_library: bool) -> list[str]:
         """The sampling controls declared to hold with speculation: penalties and

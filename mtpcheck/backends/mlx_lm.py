@@ -52,7 +52,7 @@ from mtpcheck.backends._library import (
     LibraryBackend,
     composed_sampler,
     context_limit,
-    drive,
+    drive_chunks,
     library_sampling,
     library_version,
     penalty_processors,
@@ -64,7 +64,6 @@ from mtpcheck.backends._library import (
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
-    GenerationResult,
     SamplingParams,
     SpeculationRequest,
 )
@@ -172,7 +171,7 @@ class MlxLmBackend(LibraryBackend):
             return sample_utils.make_sampler(**args)
         return composed_sampler(sp, sample_utils)
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def _run(self, request: GenerationRequest):
         import mlx.core as mx
 
         gen = require_library("mlx_lm.generate", EXTRA)
@@ -201,7 +200,8 @@ class MlxLmBackend(LibraryBackend):
             raw = gen.generate_step(prompt, self.model, **kwargs)
             stream, close = ((tok, True) for tok, _ in raw), raw.close
         try:
-            out = drive(stream, request, eos, self.decode, round_end=(lambda item: item[1]) if used else None)
+            out = yield from drive_chunks(stream, request, eos, self.decode,
+                                          round_end=(lambda item: item[1]) if used else None)
         finally:
             close()
         return self.result(out, spec=spec, used=used, depth=depth, reason=reason, message=message,

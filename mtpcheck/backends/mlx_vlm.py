@@ -65,6 +65,7 @@ from mtpcheck.backends._library import (  # noqa: F401  (re-exported: the names 
     composed_sampler,
     context_limit,
     drive,
+    drive_chunks,
     library_sampling,
     library_version,
     penalty_processors,
@@ -78,7 +79,6 @@ from mtpcheck.backends._library import (  # noqa: F401  (re-exported: the names 
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
-    GenerationResult,
     SpeculationRequest,
 )
 
@@ -169,7 +169,7 @@ class MlxVlmBackend(LibraryBackend):
                                 "mlx-vlm's speculative loop does not apply logits processors, "
                                 "so these need target-only decoding (guard=on)" if self.guard else None)
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def _run(self, request: GenerationRequest):
         import mlx.core as mx
 
         gen = require_library("mlx_vlm.generate", EXTRA)
@@ -206,7 +206,7 @@ class MlxVlmBackend(LibraryBackend):
         mx.random.seed(seed % 2**32)  # the drafter's proposals (and a composed sampler) use the global stream
         stream = gen.generate_step(prompt, self.model, None, None, **kwargs)
         try:
-            out = drive(stream, request, eos, self.decode)
+            out = yield from drive_chunks(stream, request, eos, self.decode)
         finally:
             stream.close()
         accept_lens = [int(a) for a in self.drafter.accept_lens] if used else []
