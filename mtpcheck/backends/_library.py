@@ -312,6 +312,12 @@ class LibraryBackend:
         """A generator of stream chunks returning the GenerationResult."""
         raise NotImplementedError
 
+    def declared_context(self) -> dict[str, Any]:
+        """``context_length`` for Capabilities, where this checkout's contract has the field."""
+        from mtpcheck.contracts import Capabilities
+
+        return {"context_length": self.context} if "context_length" in Capabilities.model_fields else {}
+
     def speculative_controls(self, penalties_reach_library: bool) -> list[str]:
         """The sampling controls declared to hold with speculation: penalties and
         logit bias when the library's speculative API takes them and the guard

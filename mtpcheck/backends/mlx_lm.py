@@ -144,6 +144,7 @@ class MlxLmBackend(LibraryBackend):
             logprobs=False,
             traces=False,
             text=True,
+            **self.declared_context(),
             notes=(f"draft model {self.draft_path.name}/, default depth {self.default.num_draft_tokens}; one shared "
                    "random stream for draft and target (seeded output differs between speculation on and off at "
                    "temperature > 0); the first token comes from the first verification round; mlx-lm's logprobs "
