@@ -126,12 +126,15 @@ def test_by_default_penalties_go_to_the_library_with_speculation(name, request):
     assert res.speculation.used and res.speculation.reason is None
 
 
-def test_the_guard_is_a_loader_option():
-    from mtpcheck.backends import resolve_factory
+@pytest.mark.parametrize("name", [pytest.param("mlx-vlm", marks=needs_vlm), pytest.param("mlx-lm", marks=needs_lm)])
+def test_the_guard_is_a_loader_option(name):
+    """--mtp-backend-option guard=on|off reaches the adapter (off by default)."""
+    from mtpcheck.backends import load_backend, resolve_factory
 
-    for name in ("mlx-vlm", "mlx-lm"):
-        params = inspect.signature(resolve_factory(name)).parameters
-        assert params["guard"].default is False and "context_length" in params
+    assert inspect.signature(resolve_factory(name)).parameters["guard"].default is False
+    b = load_backend(name, {"guard": "on", "context_length": "64"})
+    assert b.guard and b.context == 64 and "guard=on" in b.capabilities().notes
+    assert not load_backend(name, {"guard": "off"}).guard
 
 
 @pytest.mark.parametrize("name", BOTH)
