@@ -65,7 +65,7 @@ def context_limit(config: Any, option: int | str | None) -> int | None:
     """The prompt bound: the loader's ``context_length`` option, else the
     model config's ``max_position_embeddings`` (None when neither says)."""
     if option not in (None, ""):
-        limit = int(option)
+        limit = int(option) if str(option).strip().isdigit() else 0
         if limit < 1:
             raise ValueError(f"context_length={option!r}: expected a positive number of tokens")
         return limit
