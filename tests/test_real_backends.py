@@ -7,8 +7,10 @@ runs them with `pytest --pyargs mtpcheck.suite --mtp-backend=mlx-vlm|mlx-lm`."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ HAVE_LM = importlib.util.find_spec("mlx_lm") is not None
 needs_vlm = pytest.mark.skipif(not HAVE_VLM, reason="mlx-vlm is not installed (pip install 'mtpcheck[mlx-vlm]')")
 needs_lm = pytest.mark.skipif(not HAVE_LM, reason="mlx-lm is not installed (pip install 'mtpcheck[mlx-lm]')")
 
+BOTH = [pytest.param("vlm", marks=needs_vlm), pytest.param("lm", marks=needs_lm)]
 PROMPT_TEXT = "id,name,city,score\n1,grace,oslo,17\n2,victor,lima,88\n3,"
 
 
@@ -87,14 +90,66 @@ def test_mlx_vlm_statistics_are_the_drafters_counters(vlm):
     assert 0 <= cut <= s.accept_lens[-1] and len(res.tokens) == 24  # only the budget cuts the last round
 
 
-@needs_vlm
-def test_mlx_vlm_penalties_run_unaccelerated_or_raise(vlm):
-    prompt = vlm.encode(PROMPT_TEXT)
-    res = vlm.generate(req(prompt, repetition_penalty=1.5, spec=True))
+@pytest.fixture
+def guarded(request):
+    """A loaded adapter with guard on (the loader's own option parsing is
+    checked in test_the_guard_is_a_loader_option); restored after the test."""
+    b = request.getfixturevalue(request.param)
+    b.guard = True
+    yield b
+    b.guard = False
+
+
+PENALTY = {"repetition_penalty": 1.5}
+
+
+@pytest.mark.parametrize("guarded", BOTH, indirect=True)
+def test_with_guard_on_penalties_run_unaccelerated_or_raise(guarded):
+    prompt = guarded.encode(PROMPT_TEXT)
+    assert "repetition_penalty" not in guarded.capabilities().speculative_sampling_controls
+    res = guarded.generate(req(prompt, **PENALTY, spec=True))
     assert not res.speculation.used and res.speculation.reason == "sampling_control_unsupported"
-    assert "repetition_penalty" in res.speculation.message
+    assert "repetition_penalty" in res.speculation.message and "guard=on" in res.speculation.message
     with pytest.raises(SpeculationUnavailableError):
-        vlm.generate(req(prompt, repetition_penalty=1.5, spec={"require_acceleration": True}))
+        guarded.generate(req(prompt, **PENALTY, spec={"require_acceleration": True}))
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_by_default_penalties_go_to_the_library_with_speculation(name, request):
+    """Thin by default: the library's API takes penalties with a drafter, so
+    the adapter speculates and declares them; whether the library honours
+    them is the suite's verdict (REPORT-NO-SILENT-FALLBACK, xfails V1 / L1)."""
+    b = request.getfixturevalue(name)
+    prompt = b.encode(PROMPT_TEXT)
+    assert "repetition_penalty" in b.capabilities().speculative_sampling_controls
+    res = b.generate(req(prompt, **PENALTY, spec={"require_acceleration": True}))
+    assert res.speculation.used and res.speculation.reason is None
+
+
+@pytest.mark.parametrize("name", [pytest.param("mlx-vlm", marks=needs_vlm), pytest.param("mlx-lm", marks=needs_lm)])
+def test_the_guard_is_a_loader_option(name):
+    """--mtp-backend-option guard=on|off reaches the adapter (off by default)."""
+    from mtpcheck.backends import load_backend, resolve_factory
+
+    assert inspect.signature(resolve_factory(name)).parameters["guard"].default is False
+    b = load_backend(name, {"guard": "on", "context_length": "64"})
+    assert b.guard and b.context == 64 and "guard=on" in b.capabilities().notes
+    assert not load_backend(name, {"guard": "off"}).guard
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_a_prompt_longer_than_the_context_is_refused_before_any_forward(name, request):
+    from mtpcheck.backends._library import PromptTooLongError
+
+    b = request.getfixturevalue(name)
+    prompt = b.encode(("id,name,city,score\n" * 6000)[:100_000])  # a 100 KB prompt
+    assert len(prompt) > b.context == 2048  # the fixtures' max_position_embeddings
+    t0 = time.perf_counter()
+    with pytest.raises(PromptTooLongError, match=f"{len(prompt)} tokens exceed the context length 2048"):
+        b.generate(req(prompt, spec=True))
+    with pytest.raises(ValueError):  # a ValueError too: a bad request
+        b.target_distributions(prompt, [1], SamplingParams(temperature=1.0))
+    assert time.perf_counter() - t0 < 2.0
 
 
 @needs_lm
@@ -148,8 +203,6 @@ def test_mlx_lm_statistics_are_the_from_draft_flags(lm):
     assert res.speculation.rounds == sum(not f for _, _, f in direct) + (1 if direct[-1][2] else 0)
 
 
-BOTH = [pytest.param("vlm", marks=needs_vlm), pytest.param("lm", marks=needs_lm)]
-
 
 @pytest.mark.parametrize("name", BOTH)
 def test_target_distributions_are_laws(name, request):
@@ -169,3 +222,18 @@ def test_tokens_outside_the_vocabulary_are_refused(name, request):
     b = request.getfixturevalue(name)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         b.generate(req([1, 2, b.capabilities().vocab_size]))
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_generate_stream_chunks_concatenate_to_generate(name, request):
+    """generate_stream (the `streaming` capability's method, undeclared for
+    now) yields chunks in arrival order through the same path as generate()."""
+    b = request.getfixturevalue(name)
+    prompt = b.encode(PROMPT_TEXT)
+    for spec, kw, stop in ((True, {}, []), (False, {"temperature": 1.0}, []), (True, {}, ["\n"])):
+        r = req(prompt, n=24, spec=spec, **kw).model_copy(update={"stop": stop})
+        chunks = list(b.generate_stream(r))
+        res = b.generate(r)
+        assert len(chunks) > 1 and all(c["finish_reason"] is None for c in chunks[:-1])
+        assert [t for c in chunks for t in c["tokens"]] == res.tokens
+        assert "".join(c["text"] for c in chunks) == res.text and chunks[-1]["finish_reason"] == res.finish_reason

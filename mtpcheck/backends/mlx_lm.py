@@ -22,11 +22,16 @@ Sampling: one sampler callable serves draft and target and draws from
 mlx-lm's one global random stream (``mx.random.seed(seed)`` before each call
 makes a seeded call repeatable; seeded output differs between speculation on
 and off at temperature > 0, the law does not). Controls are mapped as in
-:mod:`mtpcheck.backends.mlx_vlm`: mlx-lm's ``make_sampler`` where its order
+:mod:`mtpcheck.backends._library`: mlx-lm's ``make_sampler`` where its order
 gives the contract's law exactly, else a sampler composed of mlx-lm's public
 filters in the contract's order. Penalties and logit bias go to mlx-lm as
 ``logits_processors``, with speculation as without (mlx-lm's speculative step
-takes them), with the whole history as context.
+takes them), with the whole history as context. Its speculative step feeds
+them a history without the prompt (L1, in ``xfails/mlx_lm.txt``); with
+``guard=on`` such requests run unaccelerated and say so (used=False).
+
+A prompt longer than the target's ``max_position_embeddings`` (or the loader
+option ``context_length``) raises PromptTooLongError before any forward.
 
 mlx-lm's log-probabilities are those of the raw logits (after processors,
 before temperature and filters), not of the processed law: ``logprobs`` is
@@ -41,37 +46,34 @@ import random
 from pathlib import Path
 from typing import Any
 
-from mtpcheck.backends.mlx_vlm import (
+from mtpcheck.backends._library import (
     FLOAT16_NEAR_TIE,
     DecodePathLogprobs,
     LibraryBackend,
-    check_request,
     composed_sampler,
-    drive,
+    context_limit,
+    drive_chunks,
     library_sampling,
     library_version,
     penalty_processors,
     plan_speculation,
+    real_fixture_dir,
     require_library,
     switch,
 )
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
-    GenerationResult,
     SamplingParams,
     SpeculationRequest,
 )
 
 MAX_DEPTH = 8
 EXTRA = "mlx-lm"
-PENALTY_CONTROLS = ["repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
 
 
 def fixture_dir() -> Path:
-    from mtpcheck.fixture.realbackends import REAL_DIR
-
-    return REAL_DIR / "mlx_lm"
+    return real_fixture_dir("mlx_lm")
 
 
 class RoundCounter:
@@ -103,13 +105,15 @@ class RoundCounter:
 
 class MlxLmBackend(LibraryBackend):
     """One loaded mlx-lm target and its draft model. Options of
-    :func:`load_mlx_lm`: path, target, draft, depth, speculation."""
+    :func:`load_mlx_lm`: path, target, draft, depth, speculation, guard, context_length."""
 
     runtime = "mlx_lm"
 
     def __init__(self, model, tokenizer, draft_model, *, target_path: Path, draft_path: Path, depth: int,
-                 speculation: bool, vocab_size: int, eos_ids: list[int]):
+                 speculation: bool, vocab_size: int, eos_ids: list[int], guard: bool = False,
+                 context: int | None = None):
         self.model, self.tokenizer, self.draft_model = model, tokenizer, draft_model
+        self.guard, self.context = guard, context
         self.target_path, self.draft_path = target_path, draft_path
         self.vocab_size, self.eos_ids = vocab_size, eos_ids
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter="assistant",
@@ -131,7 +135,7 @@ class MlxLmBackend(LibraryBackend):
             first_token_from_prefill=False,  # round 0 emits the first token (see the module docstring)
             seeded_determinism=True,
             position_addressed_target_sampling=False,
-            speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", *PENALTY_CONTROLS],
+            speculative_sampling_controls=self.speculative_controls(penalties_reach_library=True),
             target_distributions=True,
             checkpoint_evidence=True,
             # float16 logits: an ulp is 2**-7 at the fixture's top logits (8-13), and a
@@ -140,10 +144,12 @@ class MlxLmBackend(LibraryBackend):
             logprobs=False,
             traces=False,
             text=True,
+            **self.declared_context(),
             notes=(f"draft model {self.draft_path.name}/, default depth {self.default.num_draft_tokens}; one shared "
                    "random stream for draft and target (seeded output differs between speculation on and off at "
                    "temperature > 0); the first token comes from the first verification round; mlx-lm's logprobs "
-                   "are of the raw logits, not declared"),
+                   "are of the raw logits, not declared; penalties and logit bias "
+                   + ("run unaccelerated (guard=on)" if self.guard else "go to the speculative step (guard=off; L1)")),
         )
 
     def checkpoints(self) -> dict[str, Path]:
@@ -152,7 +158,9 @@ class MlxLmBackend(LibraryBackend):
 
     # -- generation
     def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
-        return plan_speculation(req, self.default, "assistant", str(self.draft_path), 2, MAX_DEPTH)
+        return plan_speculation(req, self.default, "assistant", str(self.draft_path), 2, MAX_DEPTH,
+                                "mlx-lm's speculative step gives its logits processors a history without "
+                                "the prompt, so these need target-only decoding (guard=on)" if self.guard else None)
 
     def sampler(self, sp: SamplingParams, sample_utils):
         if sp.temperature == 0.0:
@@ -164,12 +172,12 @@ class MlxLmBackend(LibraryBackend):
             return sample_utils.make_sampler(**args)
         return composed_sampler(sp, sample_utils)
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def _run(self, request: GenerationRequest):
         import mlx.core as mx
 
         gen = require_library("mlx_lm.generate", EXTRA)
         sample_utils = require_library("mlx_lm.sample_utils", EXTRA)
-        check_request(request, self.vocab_size)
+        self.check(request)
         spec, used, depth, reason, message = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(2**31)
@@ -193,7 +201,8 @@ class MlxLmBackend(LibraryBackend):
             raw = gen.generate_step(prompt, self.model, **kwargs)
             stream, close = ((tok, True) for tok, _ in raw), raw.close
         try:
-            out = drive(stream, request, eos, self.decode, round_end=(lambda item: item[1]) if used else None)
+            out = yield from drive_chunks(stream, request, eos, self.decode,
+                                          round_end=(lambda item: item[1]) if used else None)
         finally:
             close()
         return self.result(out, spec=spec, used=used, depth=depth, reason=reason, message=message,
@@ -207,13 +216,17 @@ def load_mlx_lm(
     draft: str | Path | None = None,
     depth: int | str = 3,
     speculation: str | bool = True,
+    guard: str | bool = False,
+    context_length: int | str | None = None,
 ) -> MlxLmBackend:
     """Load an mlx-lm target and its draft model (default: the shipped fixture
     ``mtpcheck/fixture/real/mlx_lm``: ``target/`` and ``draft/``).
 
     Options (strings from --mtp-backend-option): path (folder holding target/
     and draft/), target, draft, depth (default 3), speculation (on|off: the
-    loaded default)."""
+    loaded default), guard (off|on, default off:
+    :data:`~mtpcheck.backends._library.GUARD_DOC`), context_length (most prompt
+    tokens; default the target's max_position_embeddings)."""
     require_library("mlx_lm", EXTRA)
     from mlx_lm import load
 
@@ -230,4 +243,5 @@ def load_mlx_lm(
     if not eos and getattr(model.args, "eos_token_id", None) is not None:
         eos = [int(model.args.eos_token_id)]
     return MlxLmBackend(model, tokenizer, draft_model, target_path=target_path, draft_path=draft_path,
-                        depth=int(depth), speculation=switch(speculation), vocab_size=vocab, eos_ids=eos)
+                        depth=int(depth), speculation=switch(speculation), vocab_size=vocab, eos_ids=eos,
+                        guard=switch(guard), context=context_limit(model.args, context_length))

@@ -27,13 +27,21 @@ samples from is the contract's processed law (``mtpcheck.engine.sampling.process
   ``sampler=`` composed of mlx-vlm's public filters (``apply_top_k``,
   ``apply_top_p``, ``apply_min_p``) in the contract's order.
 
-Penalties and logit bias: mlx-vlm applies its logits processors in plain
-decoding but its speculative loop (``run_speculative_rounds``) never receives
-them, so with speculation they would be applied to the first token only.
-Requests with them run unaccelerated (used=False,
-reason=sampling_control_unsupported) or raise SpeculationUnavailableError with
-require_acceleration; the penalty context is the whole history (prompt and
-output), as in the contract.
+Penalties and logit bias go to ``generate_step`` by its own names
+(``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+``logit_bias``, each ``*_context_size`` = the whole history, as in the
+contract), with speculation as without: the library's API takes them
+together with a drafter. Its speculative loop (``run_speculative_rounds``)
+never receives them, so they act on the first token only (V1), and its
+default chunked prefill leaves the prompt out of their history (V2): both
+listed in ``xfails/mlx_vlm.txt``. With ``guard=on`` such requests run
+unaccelerated (used=False, reason=sampling_control_unsupported, or
+SpeculationUnavailableError with require_acceleration) with an unchunked
+prefill (``prefill_step_size=None``), which is what an application on
+mlx-vlm 0.7.10 should do.
+
+A prompt longer than the model's ``max_position_embeddings`` (or the loader
+option ``context_length``) raises PromptTooLongError before any forward.
 
 The library's speculative path yields no log-probabilities and its plain path
 yields the unprocessed ones, so ``logprobs`` is not declared.
@@ -47,299 +55,39 @@ import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from mtpcheck.backends._library import (  # noqa: F401  (re-exported: the names were public here)
+    FLOAT16_NEAR_TIE,
+    GUARD_DOC,
+    DecodePathLogprobs,
+    LibraryBackend,
+    PromptTooLongError,
+    check_request,
+    composed_sampler,
+    context_limit,
+    drive,
+    drive_chunks,
+    library_sampling,
+    library_version,
+    penalty_processors,
+    plan_speculation,
+    real_fixture_dir,
+    report,
+    require_library,
+    resolve_drafter,
+    switch,
+)
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
-    GenerationResult,
-    SamplingParams,
-    SpeculationReport,
     SpeculationRequest,
-    SpeculationUnavailableError,
 )
 
 MAX_DEPTH = 8  # proposals per round; the one MTP layer is reused recurrently
-FLOAT16_NEAR_TIE = 0.03  # nats: about 4 float16 ulps of a logit in [8, 16)
 EXTRA = "mlx-vlm"
 
 
 def fixture_dir() -> Path:
-    from mtpcheck.fixture.realbackends import REAL_DIR
-
-    return REAL_DIR / "mlx_vlm"
-
-
-def require_library(module: str, extra: str):
-    """Import `module` or fail with an ImportError that names the extra to install."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"the {extra!r} backend needs the {extra} library, which is not installed: "
-            f"pip install 'mtpcheck[{extra}]' ({exc})"
-        ) from exc
-
-
-def library_version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "unknown"
-
-
-# -- shared with mtpcheck.backends.mlx_lm: request checks, sampling, output -----
-
-
-def check_request(req: GenerationRequest, vocab_size: int) -> None:
-    """Token ids of the request must fit the vocabulary (ValueError before any work)."""
-    for field, ids in (("prompt_tokens", req.prompt_tokens), ("stop_token_ids", req.stop_token_ids or []),
-                       ("sampling.logit_bias", list((req.sampling.logit_bias or {}).keys()))):
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"{field}: token ids {bad[:5]} are outside the vocabulary (size {vocab_size})")
-
-
-def resolve_drafter(spec: SpeculationRequest, own: str, loaded: str) -> tuple[str | None, str | None]:
-    """(reason, message) when the requested drafter is not the one loaded."""
-    if spec.drafter in (None, own, loaded):
-        return None, None
-    return "drafter_unavailable", (
-        f"drafter {spec.drafter!r} is not loaded; this backend runs its {own!r} drafter ({loaded})"
-    )
-
-
-def plan_speculation(req: GenerationRequest, default: SpeculationRequest, own: str, loaded: str,
-                     fallback_depth: int, max_depth: int, blocked_because: str | None = None):
-    """(spec, used, depth, reason, message) for one request; raises before any
-    generation when acceleration is required but impossible. `blocked_because`
-    names why this library cannot speculate with penalties / logit bias (None:
-    it can)."""
-    spec = req.speculation or default
-    if spec.mode == "off":
-        return spec, False, 0, "not_requested", "speculation is off for this call"
-    depth = spec.num_draft_tokens or default.num_draft_tokens or fallback_depth
-    reason, message = resolve_drafter(spec, own, loaded)
-    if reason is None and depth > max_depth:
-        reason, message = "depth_exceeds_capability", f"num_draft_tokens={depth} exceeds this adapter's maximum {max_depth}"
-    if reason is None and blocked_because and (blockers := req.sampling.speculation_blockers()):
-        reason = "sampling_control_unsupported"
-        message = f"{', '.join(blockers)}: {blocked_because}; ran unaccelerated"
-    if reason is not None:
-        if spec.require_acceleration:
-            raise SpeculationUnavailableError(reason, message)
-        return spec, False, depth, reason, message
-    return spec, True, depth, None, None
-
-
-def library_sampling(sp: SamplingParams) -> dict[str, Any] | None:
-    """Arguments of the libraries' own ``make_sampler`` that give the contract's
-    processed law exactly, or None when no such arguments exist.
-
-    The libraries' ``make_sampler`` applies top-p, then min-p, then top-k to the
-    *untempered* log-probabilities and divides by the temperature last. Min-p
-    at temperature T on the tempered law keeps p_i >= m * p_max, i.e. untempered
-    p_i >= m**T * p_max; top-k keeps the same set at any temperature; both
-    commute with each other. Top-p does not commute with temperature or top-k,
-    so it maps exactly only at T == 1 without top-k."""
-    T = sp.temperature
-    top_p = sp.top_p if sp.top_p is not None and sp.top_p < 1.0 else None
-    if top_p is not None and (T != 1.0 or sp.top_k is not None):
-        return None
-    return {"temp": T, "top_p": top_p or 0.0, "min_p": (sp.min_p or 0.0) ** T if sp.min_p else 0.0,
-            "top_k": sp.top_k or 0}
-
-
-def composed_sampler(sp: SamplingParams, sample_utils):
-    """A sampler built from the library's public filters in the contract's order:
-    temperature, top-k, top-p, min-p, then a categorical draw."""
-    import mlx.core as mx
-
-    T = sp.temperature
-
-    def sampler(logprobs):
-        x = logprobs.astype(mx.float32) * (1.0 / T)
-        x = x - mx.logsumexp(x, axis=-1, keepdims=True)
-        if sp.top_k is not None and sp.top_k < x.shape[-1]:
-            x = sample_utils.apply_top_k(x, sp.top_k)
-        if sp.top_p is not None and sp.top_p < 1.0:
-            x = x - mx.logsumexp(x, axis=-1, keepdims=True)
-            x = sample_utils.apply_top_p(x, sp.top_p)
-        if sp.min_p:
-            x = sample_utils.apply_min_p(x, sp.min_p)
-        return mx.random.categorical(x)
-
-    return sampler
-
-
-def penalty_processors(sp: SamplingParams, context: int, sample_utils) -> list:
-    """The library's logits processors for penalties and logit bias, with the
-    whole history (prompt + output) as context, as the contract has it."""
-    return sample_utils.make_logits_processors(
-        sp.logit_bias or None, sp.repetition_penalty, context, sp.presence_penalty, context,
-        sp.frequency_penalty, context,
-    )
-
-
-def drive(stream, req: GenerationRequest, eos: list[int], decode, round_end=None):
-    """Commit tokens from a library token stream through the project's stop
-    matcher (EOS ids, stop strings, budget). Returns the OutputState.
-
-    `stream` yields token ids; `round_end(item) -> bool`, when given, lets the
-    caller drain the rest of the current round after a stop (those tokens are
-    computed already, never committed) so that its statistics are complete."""
-    from mtpcheck.engine.events import OutputState, StopMatcher, commit_tokens
-
-    out = OutputState(prompt_len=len(req.prompt_tokens))
-    matcher = StopMatcher(decode, req.stop, eos)
-    last = None
-    for last in stream:
-        tok = last[0] if isinstance(last, tuple) else last
-        commit_tokens(out, matcher, [int(tok)], [None], req.max_tokens)
-        if out.finish_reason is not None:
-            break
-    if out.finish_reason is None:  # the library stopped before the budget: publish what is held back
-        from mtpcheck.contracts import FinishEvent, TextEvent
-
-        text = matcher.text_of(out.tokens)
-        if len(text) > len(out.text_published) and text.startswith(out.text_published):
-            out.events.append(TextEvent(text=text[len(out.text_published) :]))
-            out.text_published = text
-        out.finish_reason = "length"
-        out.events.append(FinishEvent(reason="length"))
-    if round_end is not None and out.finish_reason == "stop" and last is not None and not round_end(last):
-        for item in stream:
-            if round_end(item):
-                break
-    return out
-
-
-def report(*, requested: bool, used: bool, mode: str, drafter: str | None, depth: int, draft_kind: str,
-           runtime: str, reason: str | None, message: str | None, accept_lens: list[int],
-           draft_lens: list[int]) -> SpeculationReport:
-    drafted, accepted = sum(draft_lens), sum(accept_lens)
-    full = sum(a == d for a, d in zip(accept_lens, draft_lens, strict=True))
-    return SpeculationReport(
-        requested=requested,
-        used=used,
-        mode=mode,
-        drafter=drafter if requested else None,
-        num_draft_tokens=depth if used else 0,
-        draft_kind=draft_kind if used else None,
-        runtime=runtime,
-        acceptance_rule="exact_match",
-        reason=reason,
-        message=message,
-        rounds=len(accept_lens),
-        drafted=drafted,
-        accepted=accepted,
-        accept_lens=accept_lens,
-        draft_lens=draft_lens,
-        acceptance_rate=(accepted / drafted) if drafted else None,
-        bonus_tokens=full,
-        corrections=len(accept_lens) - full,
-    )
-
-
-def switch(value: str | bool) -> bool:
-    """A loader's on/off option (a string from --mtp-backend-option, or a bool)."""
-    return value.lower() not in ("off", "false", "0", "no") if isinstance(value, str) else bool(value)
-
-
-class LibraryBackend:
-    """What both library adapters do alike: text through the library's
-    tokenizer, ground truth from the decode path (``self.truth``), and the
-    result of a driven stream with its speculation report."""
-
-    runtime: str
-    tokenizer: Any
-    truth: DecodePathLogprobs
-    vocab_size: int
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        if not continuation:
-            return np.zeros((0, self.vocab_size))
-        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        return self.truth.laws(prompt, continuation, sampling)
-
-    def result(self, out, *, spec: SpeculationRequest, used: bool, depth: int, reason: str | None,
-               message: str | None, drafter: str, draft_kind: str, accept_lens: list[int], draft_lens: list[int],
-               seed: int) -> GenerationResult:
-        """The GenerationResult of a stream `drive` consumed into `out`."""
-        return GenerationResult(
-            tokens=out.tokens,
-            text=out.text_published,
-            finish_reason=out.finish_reason,
-            logprobs=None,
-            events=out.events,
-            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=drafter,
-                               depth=depth, draft_kind=draft_kind, runtime=self.runtime, reason=reason,
-                               message=message, accept_lens=accept_lens, draft_lens=draft_lens),
-            seed=seed,
-        )
-
-
-class DecodePathLogprobs:
-    """Log-probability rows of teacher-forced continuations, computed along the
-    library's own speculation-off decode path: the prompt but its last token
-    prefilled into a fresh cache, then one token per forward, and the
-    log-probabilities taken in the model's dtype (``logits - logsumexp(logits)``),
-    as the libraries do before sampling. The law is then the one plain decoding
-    samples from, to the last bit: a single full-sequence forward, or
-    log-probabilities taken in float64, differ from it by a few float16 ulps,
-    enough to move a token across a top-k boundary (docs/backends/mlx-vlm.md,
-    "Ground truth").
-
-    The model is fixed once loaded, so rows are memoised (the statistical
-    clauses ask twice for the same samples); a continuation that extends or
-    prefixes a stored one reuses it.
-
-    `forward(tokens [1, n] mx.array, cache) -> logits [1, n, V]`."""
-
-    def __init__(self, forward, make_cache, size: int = 512):
-        self.forward, self.make_cache, self.size = forward, make_cache, size
-        self.memo: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
-
-    def rows(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
-        import mlx.core as mx
-
-        P, key = len(prompt), tuple(prompt) + tuple(continuation[:-1])
-        n = len(continuation)
-        for (p, k), v in self.memo.items():
-            if p == P and len(k) >= len(key) and k[: len(key)] == key:
-                return v[:n]
-        cache = self.make_cache()
-        if P > 1:
-            mx.eval(self.forward(mx.array([list(prompt[:-1])], dtype=mx.int32), cache))
-        rows = []
-        for tok in key[P - 1 :]:
-            logits = self.forward(mx.array([[tok]], dtype=mx.int32), cache)[0, -1]
-            rows.append((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))
-            mx.async_eval(rows[-1])
-        out = np.array(mx.stack(rows), dtype=np.float64)
-        if len(self.memo) >= self.size:
-            self.memo.pop(next(iter(self.memo)))
-        self.memo[(P, key)] = out
-        return out
-
-    def laws(self, prompt: list[int], continuation: list[int], sp: SamplingParams) -> np.ndarray:
-        """Processed target laws, float64 [len(continuation), V], through
-        ``mtpcheck.engine.sampling.process`` (the contract's processing)."""
-        from mtpcheck.engine.sampling import process
-
-        rows = self.rows(list(prompt), list(continuation))
-        seq = list(prompt) + list(continuation)
-        return np.stack([process(rows[i], sp, seq[: len(prompt) + i]) for i in range(len(continuation))])
+    return real_fixture_dir("mlx_vlm")
 
 
 # -- the backend ----------------------------------------------------------------
@@ -347,13 +95,15 @@ class DecodePathLogprobs:
 
 class MlxVlmBackend(LibraryBackend):
     """One loaded mlx-vlm target and its MTP drafter. Options of
-    :func:`load_mlx_vlm`: path, target, drafter, depth, speculation."""
+    :func:`load_mlx_vlm`: path, target, drafter, depth, speculation, checkpoint,
+    guard, context_length."""
 
     runtime = "mlx_vlm"
 
     def __init__(self, model, processor, drafter, *, target_path: Path, drafter_path: Path, depth: int,
-                 speculation: bool):
+                 speculation: bool, guard: bool = False, context: int | None = None):
         self.model, self.processor, self.drafter = model, processor, drafter
+        self.guard, self.context = guard, context
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.target_path, self.drafter_path = target_path, drafter_path
         cfg = model.config
@@ -377,11 +127,13 @@ class MlxVlmBackend(LibraryBackend):
             acceptance_rule="exact_match",
             seeded_determinism=True,
             position_addressed_target_sampling=True,
-            speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed"],
+            # the library's speculative API takes penalties and logit bias (V1: it drops them)
+            speculative_sampling_controls=self.speculative_controls(penalties_reach_library=True),
             target_distributions=True,
             logprobs=False,
             traces=False,
             text=True,
+            **self.declared_context(),
             checkpoint_evidence=self.native,
             # float16 logits: an ulp is 2**-7 at the fixture's top logits (8-13), and a
             # multi-token verification may round them differently from a one-token step
@@ -390,7 +142,8 @@ class MlxVlmBackend(LibraryBackend):
                    "position-addressed target "
                    "sampling is mlx-vlm's seeded sampler (temperature/top-k/top-p); with min-p mlx-vlm samples "
                    "from its shared random stream, kept apart from the drafter's; penalties and logit bias "
-                   "run unaccelerated"),
+                   + ("run unaccelerated (guard=on)" if self.guard else "passed to the library with speculation "
+                      "(guard=off; V1: its speculative loop drops them)")),
         )
 
     @property
@@ -415,14 +168,14 @@ class MlxVlmBackend(LibraryBackend):
     def plan(self, req: GenerationRequest) -> tuple[SpeculationRequest, bool, int, str | None, str | None]:
         return plan_speculation(req, self.default, "mtp", str(self.drafter_path), 3, MAX_DEPTH,
                                 "mlx-vlm's speculative loop does not apply logits processors, "
-                                "so these need target-only decoding")
+                                "so these need target-only decoding (guard=on)" if self.guard else None)
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def _run(self, request: GenerationRequest):
         import mlx.core as mx
 
         gen = require_library("mlx_vlm.generate", EXTRA)
         sample_utils = require_library("mlx_vlm.sample_utils", EXTRA)
-        check_request(request, self.vocab_size)
+        self.check(request)
         spec, used, depth, reason, message = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(2**31)
@@ -438,11 +191,14 @@ class MlxVlmBackend(LibraryBackend):
         else:
             kwargs.update(temperature=sp.temperature, sampler=composed_sampler(sp, sample_utils))
         if sp.speculation_blockers():
-            # target-only: the library's processors over the whole history; an
-            # unchunked prefill, because a chunked one leaves the prompt out of
-            # the processors' history (docs/backends/mlx-vlm.md)
-            context = len(request.prompt_tokens) + request.max_tokens
-            kwargs.update(logits_processors=penalty_processors(sp, context, sample_utils), prefill_step_size=None)
+            # by the library's own names; the context is the whole history
+            history = len(request.prompt_tokens) + request.max_tokens
+            kwargs.update(repetition_penalty=sp.repetition_penalty, repetition_context_size=history,
+                          presence_penalty=sp.presence_penalty, presence_context_size=history,
+                          frequency_penalty=sp.frequency_penalty, frequency_context_size=history,
+                          logit_bias=sp.logit_bias or None)
+            if self.guard:  # V2: a chunked prefill leaves the prompt out of the processors' history
+                kwargs.update(prefill_step_size=None)
         if used:
             kwargs.update(draft_model=self.drafter, draft_kind="mtp", draft_block_size=depth + 1)
             self.drafter.accept_lens, self.drafter.draft_lens = [], []
@@ -451,7 +207,7 @@ class MlxVlmBackend(LibraryBackend):
         mx.random.seed(seed % 2**32)  # the drafter's proposals (and a composed sampler) use the global stream
         stream = gen.generate_step(prompt, self.model, None, None, **kwargs)
         try:
-            out = drive(stream, request, eos, self.decode)
+            out = yield from drive_chunks(stream, request, eos, self.decode)
         finally:
             stream.close()
         accept_lens = [int(a) for a in self.drafter.accept_lens] if used else []
@@ -500,6 +256,8 @@ def load_mlx_vlm(
     depth: int | str | None = None,
     speculation: str | bool = True,
     checkpoint: str | None = None,
+    guard: str | bool = False,
+    context_length: int | str | None = None,
 ) -> MlxVlmBackend:
     """Load an mlx-vlm target and its MTP drafter (default: the shipped fixture
     ``mtpcheck/fixture/real/mlx_vlm``: ``target/`` and ``mtp/``).
@@ -510,7 +268,10 @@ def load_mlx_vlm(
     folder, or the target folder itself for a native checkpoint with embedded
     ``mtp.*`` tensors), depth (default: the drafter's block_size - 1; mlx-vlm
     gives a native checkpoint's in-memory drafter block_size =
-    mtp_num_hidden_layers + 2), speculation (on|off: the loaded default)."""
+    mtp_num_hidden_layers + 2), speculation (on|off: the loaded default),
+    guard (off|on, default off: :data:`~mtpcheck.backends._library.GUARD_DOC`),
+    context_length (most prompt tokens; default the target's
+    max_position_embeddings)."""
     require_library("mlx_vlm", EXTRA)
     from mlx_vlm.speculative.drafters import load_drafter
     from mlx_vlm.utils import load
@@ -541,4 +302,5 @@ def load_mlx_vlm(
     if depth is None:
         depth = int(getattr(draft_model.config, "block_size", 4)) - 1
     return MlxVlmBackend(model, processor, draft_model, target_path=target_path, drafter_path=drafter_path,
-                         depth=int(depth), speculation=switch(speculation))
+                         depth=int(depth), speculation=switch(speculation), guard=switch(guard),
+                         context=context_limit(model.config, context_length))

@@ -99,8 +99,7 @@ def load_reference(
     assistant/), "mlx-vlm" (mlx-vlm's Qwen3.5 fixture, target/ + mtp/, decoded
     through mtpcheck.engine.qwen3_5: the same checkpoint mlx-vlm runs) or
     "mlx-vlm-native" (the same weights as one checkpoint with embedded mtp.*)."""
-    from mtpcheck.fixture import FIXTURE_DIR
-    from mtpcheck.fixture.realbackends import REAL_DIR
+    from mtpcheck.fixture import FIXTURE_DIR, REAL_DIR
     from mtpcheck.inspect import check_pair
 
     named = {"tiny": FIXTURE_DIR, "mlx-vlm": REAL_DIR / "mlx_vlm", "mlx-vlm-native": REAL_DIR / "mlx_vlm" / "native"}
@@ -145,11 +144,11 @@ def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationReq
     (a separate folder, or the target folder itself when the head is embedded)."""
     import json
 
-    from mtpcheck.backends.mlx_vlm import EXTRA, require_library
+    from mtpcheck.backends._library import require_library
     from mtpcheck.fixture import load_tokenizer
     from mtpcheck.inspect import check_pair
 
-    require_library("mlx_vlm", EXTRA)
+    require_library("mlx_vlm", "mlx-vlm")
     from mtpcheck.engine.decode import Engine
     from mtpcheck.engine.qwen3_5 import load_qwen35
 

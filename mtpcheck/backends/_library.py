@@ -1,0 +1,408 @@
+"""What the library adapters (:mod:`mtpcheck.backends.mlx_vlm`,
+:mod:`mtpcheck.backends.mlx_lm`) share: the base class, the request checks,
+the sampling map, the stream driver and the speculation report.
+
+The adapters are thin by default: they hand the request to the library as the
+library's own API takes it (names and orders mapped exactly) and refuse only
+what the API cannot express (a token id outside the vocabulary, a prompt
+longer than the model's context, a drafter or depth that is not loaded).
+Known deviations of a library are listed in its xfails file
+(``mtpcheck/backends/xfails/``), so a library fix shows as XPASS. The option
+``guard=on`` (:data:`GUARD_DOC`) adds the protective behaviour an application
+should have: requests the library would mishandle with speculation run
+unaccelerated and the report says so (used=False).
+
+No module here imports an adapter; adapters import this one (tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mtpcheck.contracts import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SpeculationReport,
+    SpeculationRequest,
+    SpeculationUnavailableError,
+)
+
+FLOAT16_NEAR_TIE = 0.03  # nats: about 4 float16 ulps of a logit in [8, 16)
+PENALTY_CONTROLS = ["repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
+GUARD_DOC = ("guard=on: requests with controls the library mishandles with speculation run unaccelerated "
+             "(used=False, reason sampling_control_unsupported); off (default): passed to the library as is")
+
+try:  # the shared helper of mtpcheck.contracts, where this checkout has it
+    from mtpcheck.contracts import PromptTooLongError, check_prompt_length  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised on checkouts without it
+    from mtpcheck.contracts import MtpCheckError
+
+    class PromptTooLongError(MtpCheckError, ValueError):  # type: ignore[no-redef]
+        """A prompt longer than the backend's context, refused before any forward."""
+
+        def __init__(self, length: int, limit: int):
+            super().__init__(f"prompt_tokens: {length} tokens exceed the context length {limit}")
+            self.length, self.limit = length, limit
+
+    def check_prompt_length(prompt_tokens, limit: int | None) -> None:  # type: ignore[no-redef]
+        """Refuse a prompt longer than `limit` tokens (None: no bound) before any forward."""
+        if limit is not None and len(prompt_tokens) > limit:
+            raise PromptTooLongError(len(prompt_tokens), limit)
+
+
+def real_fixture_dir(name: str) -> Path:
+    """A shipped real-library fixture folder (``mtpcheck/fixture/real/<name>``)."""
+    from mtpcheck.fixture import REAL_DIR
+
+    return REAL_DIR / name
+
+
+def context_limit(config: Any, option: int | str | None) -> int | None:
+    """The prompt bound: the loader's ``context_length`` option, else the
+    model config's ``max_position_embeddings`` (None when neither says)."""
+    if option not in (None, ""):
+        limit = int(option) if str(option).strip().isdigit() else 0
+        if limit < 1:
+            raise ValueError(f"context_length={option!r}: expected a positive number of tokens")
+        return limit
+    for cfg in (config, getattr(config, "text_config", None)):
+        value = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else getattr(cfg, "max_position_embeddings", None)
+        if value:
+            return int(value)
+    return None
+
+
+def require_library(module: str, extra: str):
+    """Import `module` or fail with an ImportError that names the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"the {extra!r} backend needs the {extra} library, which is not installed: "
+            f"pip install 'mtpcheck[{extra}]' ({exc})"
+        ) from exc
+
+
+def library_version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def check_request(req: GenerationRequest, vocab_size: int, context: int | None = None) -> None:
+    """Token ids of the request must fit the vocabulary and the prompt the
+    context (ValueError / PromptTooLongError before any work)."""
+    check_prompt_length(req.prompt_tokens, context)
+    for field, ids in (("prompt_tokens", req.prompt_tokens), ("stop_token_ids", req.stop_token_ids or []),
+                       ("sampling.logit_bias", list((req.sampling.logit_bias or {}).keys()))):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{field}: token ids {bad[:5]} are outside the vocabulary (size {vocab_size})")
+
+
+def resolve_drafter(spec: SpeculationRequest, own: str, loaded: str) -> tuple[str | None, str | None]:
+    """(reason, message) when the requested drafter is not the one loaded."""
+    if spec.drafter in (None, own, loaded):
+        return None, None
+    return "drafter_unavailable", (
+        f"drafter {spec.drafter!r} is not loaded; this backend runs its {own!r} drafter ({loaded})"
+    )
+
+
+def plan_speculation(req: GenerationRequest, default: SpeculationRequest, own: str, loaded: str,
+                     fallback_depth: int, max_depth: int, blocked_because: str | None = None):
+    """(spec, used, depth, reason, message) for one request; raises before any
+    generation when acceleration is required but impossible. `blocked_because`
+    names why this library cannot speculate with penalties / logit bias (None:
+    it can)."""
+    spec = req.speculation or default
+    if spec.mode == "off":
+        return spec, False, 0, "not_requested", "speculation is off for this call"
+    depth = spec.num_draft_tokens or default.num_draft_tokens or fallback_depth
+    reason, message = resolve_drafter(spec, own, loaded)
+    if reason is None and depth > max_depth:
+        reason, message = "depth_exceeds_capability", f"num_draft_tokens={depth} exceeds this adapter's maximum {max_depth}"
+    if reason is None and blocked_because and (blockers := req.sampling.speculation_blockers()):
+        reason = "sampling_control_unsupported"
+        message = f"{', '.join(blockers)}: {blocked_because}; ran unaccelerated"
+    if reason is not None:
+        if spec.require_acceleration:
+            raise SpeculationUnavailableError(reason, message)
+        return spec, False, depth, reason, message
+    return spec, True, depth, None, None
+
+
+def library_sampling(sp: SamplingParams) -> dict[str, Any] | None:
+    """Arguments of the libraries' own ``make_sampler`` that give the contract's
+    processed law exactly, or None when no such arguments exist.
+
+    The libraries' ``make_sampler`` applies top-p, then min-p, then top-k to the
+    *untempered* log-probabilities and divides by the temperature last. Min-p
+    at temperature T on the tempered law keeps p_i >= m * p_max, i.e. untempered
+    p_i >= m**T * p_max; top-k keeps the same set at any temperature; both
+    commute with each other. Top-p does not commute with temperature or top-k,
+    so it maps exactly only at T == 1 without top-k."""
+    T = sp.temperature
+    top_p = sp.top_p if sp.top_p is not None and sp.top_p < 1.0 else None
+    if top_p is not None and (T != 1.0 or sp.top_k is not None):
+        return None
+    return {"temp": T, "top_p": top_p or 0.0, "min_p": (sp.min_p or 0.0) ** T if sp.min_p else 0.0,
+            "top_k": sp.top_k or 0}
+
+
+def composed_sampler(sp: SamplingParams, sample_utils):
+    """A sampler built from the library's public filters in the contract's order:
+    temperature, top-k, top-p, min-p, then a categorical draw."""
+    import mlx.core as mx
+
+    T = sp.temperature
+
+    def sampler(logprobs):
+        x = logprobs.astype(mx.float32) * (1.0 / T)
+        x = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        if sp.top_k is not None and sp.top_k < x.shape[-1]:
+            x = sample_utils.apply_top_k(x, sp.top_k)
+        if sp.top_p is not None and sp.top_p < 1.0:
+            x = x - mx.logsumexp(x, axis=-1, keepdims=True)
+            x = sample_utils.apply_top_p(x, sp.top_p)
+        if sp.min_p:
+            x = sample_utils.apply_min_p(x, sp.min_p)
+        return mx.random.categorical(x)
+
+    return sampler
+
+
+def penalty_processors(sp: SamplingParams, context: int, sample_utils) -> list:
+    """The library's logits processors for penalties and logit bias, with the
+    whole history (prompt + output) as context, as the contract has it."""
+    return sample_utils.make_logits_processors(
+        sp.logit_bias or None, sp.repetition_penalty, context, sp.presence_penalty, context,
+        sp.frequency_penalty, context,
+    )
+
+
+def drive_chunks(stream, req: GenerationRequest, eos: list[int], decode, round_end=None):
+    """Commit tokens from a library token stream through the project's stop
+    matcher (EOS ids, stop strings, budget); a generator that yields, after
+    each library item that published anything, one stream chunk (a dict of
+    StreamChunk's fields: the tokens and text published since the last chunk;
+    finish_reason on the last) and returns the OutputState.
+
+    `stream` yields token ids; `round_end(item) -> bool`, when given, lets the
+    caller drain the rest of the current round after a stop (those tokens are
+    computed already, never committed) so that its statistics are complete."""
+    from mtpcheck.contracts import FinishEvent, TextEvent, TokenEvent
+    from mtpcheck.engine.events import OutputState, StopMatcher, commit_tokens
+
+    out = OutputState(prompt_len=len(req.prompt_tokens))
+    matcher = StopMatcher(decode, req.stop, eos)
+    sent = 0
+
+    def chunk():
+        nonlocal sent
+        new, sent = out.events[sent:], len(out.events)
+        return {"tokens": [e.token for e in new if isinstance(e, TokenEvent)],
+                "text": "".join(e.text for e in new if isinstance(e, TextEvent)),
+                "finish_reason": out.finish_reason}
+
+    last = None
+    for last in stream:
+        tok = last[0] if isinstance(last, tuple) else last
+        commit_tokens(out, matcher, [int(tok)], [None], req.max_tokens)
+        if out.finish_reason is not None:
+            break
+        if len(out.events) > sent:
+            yield chunk()
+    if out.finish_reason is None:  # the library stopped before the budget: publish what is held back
+        text = matcher.text_of(out.tokens)
+        if len(text) > len(out.text_published) and text.startswith(out.text_published):
+            out.events.append(TextEvent(text=text[len(out.text_published) :]))
+            out.text_published = text
+        out.finish_reason = "length"
+        out.events.append(FinishEvent(reason="length"))
+    if round_end is not None and out.finish_reason == "stop" and last is not None and not round_end(last):
+        for item in stream:
+            if round_end(item):
+                break
+    yield chunk()
+    return out
+
+
+def drive(stream, req: GenerationRequest, eos: list[int], decode, round_end=None):
+    """:func:`drive_chunks` consumed: the OutputState of the whole stream."""
+    return run_to_end(drive_chunks(stream, req, eos, decode, round_end))
+
+
+def run_to_end(chunks):
+    """Consume a generator of chunks; its return value."""
+    while True:
+        try:
+            next(chunks)
+        except StopIteration as done:
+            return done.value
+
+
+def report(*, requested: bool, used: bool, mode: str, drafter: str | None, depth: int, draft_kind: str,
+           runtime: str, reason: str | None, message: str | None, accept_lens: list[int],
+           draft_lens: list[int]) -> SpeculationReport:
+    drafted, accepted = sum(draft_lens), sum(accept_lens)
+    full = sum(a == d for a, d in zip(accept_lens, draft_lens, strict=True))
+    return SpeculationReport(
+        requested=requested,
+        used=used,
+        mode=mode,
+        drafter=drafter if requested else None,
+        num_draft_tokens=depth if used else 0,
+        draft_kind=draft_kind if used else None,
+        runtime=runtime,
+        acceptance_rule="exact_match",
+        reason=reason,
+        message=message,
+        rounds=len(accept_lens),
+        drafted=drafted,
+        accepted=accepted,
+        accept_lens=accept_lens,
+        draft_lens=draft_lens,
+        acceptance_rate=(accepted / drafted) if drafted else None,
+        bonus_tokens=full,
+        corrections=len(accept_lens) - full,
+    )
+
+
+def switch(value: str | bool) -> bool:
+    """A loader's on/off option (a string from --mtp-backend-option, or a bool)."""
+    return value.lower() not in ("off", "false", "0", "no") if isinstance(value, str) else bool(value)
+
+
+class LibraryBackend:
+    """What both library adapters do alike: text through the library's
+    tokenizer, ground truth from the decode path (``self.truth``), and the
+    result of a driven stream with its speculation report."""
+
+    runtime: str
+    tokenizer: Any
+    truth: DecodePathLogprobs
+    vocab_size: int
+    context: int | None = None  # most prompt tokens (context_limit); None: unbounded
+    guard: bool = False  # GUARD_DOC
+
+    def check(self, req: GenerationRequest) -> None:
+        """Refuse what the library cannot express, before any forward."""
+        check_request(req, self.vocab_size, self.context)
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        return run_to_end(self._run(request))
+
+    def generate_stream(self, request: GenerationRequest):
+        """Stream chunks (dicts of StreamChunk's fields) in arrival order: what
+        each token the library yields publishes, through the same path as
+        generate(). For the `streaming` capability (not declared here yet)."""
+        yield from self._run(request)
+
+    def _run(self, request: GenerationRequest):
+        """A generator of stream chunks returning the GenerationResult."""
+        raise NotImplementedError
+
+    def declared_context(self) -> dict[str, Any]:
+        """``context_length`` for Capabilities, where this checkout's contract has the field."""
+        from mtpcheck.contracts import Capabilities
+
+        return {"context_length": self.context} if "context_length" in Capabilities.model_fields else {}
+
+    def speculative_controls(self, penalties_reach_library: bool) -> list[str]:
+        """The sampling controls declared to hold with speculation: penalties and
+        logit bias when the library's speculative API takes them and the guard
+        does not route them away."""
+        base = ["temperature", "top_k", "top_p", "min_p", "seed"]
+        return base + (PENALTY_CONTROLS if penalties_reach_library and not self.guard else [])
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+        if not continuation:
+            return np.zeros((0, self.vocab_size))
+        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size,
+                      self.context)
+        return self.truth.laws(prompt, continuation, sampling)
+
+    def result(self, out, *, spec: SpeculationRequest, used: bool, depth: int, reason: str | None,
+               message: str | None, drafter: str, draft_kind: str, accept_lens: list[int], draft_lens: list[int],
+               seed: int) -> GenerationResult:
+        """The GenerationResult of a stream `drive` consumed into `out`."""
+        return GenerationResult(
+            tokens=out.tokens,
+            text=out.text_published,
+            finish_reason=out.finish_reason,
+            logprobs=None,
+            events=out.events,
+            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=drafter,
+                               depth=depth, draft_kind=draft_kind, runtime=self.runtime, reason=reason,
+                               message=message, accept_lens=accept_lens, draft_lens=draft_lens),
+            seed=seed,
+        )
+
+
+class DecodePathLogprobs:
+    """Log-probability rows of teacher-forced continuations, computed along the
+    library's own speculation-off decode path: the prompt but its last token
+    prefilled into a fresh cache, then one token per forward, and the
+    log-probabilities taken in the model's dtype (``logits - logsumexp(logits)``),
+    as the libraries do before sampling. The law is then the one plain decoding
+    samples from, to the last bit: a single full-sequence forward, or
+    log-probabilities taken in float64, differ from it by a few float16 ulps,
+    enough to move a token across a top-k boundary (docs/backends/mlx-vlm.md,
+    "Ground truth").
+
+    The model is fixed once loaded, so rows are memoised (the statistical
+    clauses ask twice for the same samples); a continuation that extends or
+    prefixes a stored one reuses it.
+
+    `forward(tokens [1, n] mx.array, cache) -> logits [1, n, V]`."""
+
+    def __init__(self, forward, make_cache, size: int = 512):
+        self.forward, self.make_cache, self.size = forward, make_cache, size
+        self.memo: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+
+    def rows(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        import mlx.core as mx
+
+        P, key = len(prompt), tuple(prompt) + tuple(continuation[:-1])
+        n = len(continuation)
+        for (p, k), v in self.memo.items():
+            if p == P and len(k) >= len(key) and k[: len(key)] == key:
+                return v[:n]
+        cache = self.make_cache()
+        if P > 1:
+            mx.eval(self.forward(mx.array([list(prompt[:-1])], dtype=mx.int32), cache))
+        rows = []
+        for tok in key[P - 1 :]:
+            logits = self.forward(mx.array([[tok]], dtype=mx.int32), cache)[0, -1]
+            rows.append((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))
+            mx.async_eval(rows[-1])
+        out = np.array(mx.stack(rows), dtype=np.float64)
+        if len(self.memo) >= self.size:
+            self.memo.pop(next(iter(self.memo)))
+        self.memo[(P, key)] = out
+        return out
+
+    def laws(self, prompt: list[int], continuation: list[int], sp: SamplingParams) -> np.ndarray:
+        """Processed target laws, float64 [len(continuation), V], through
+        ``mtpcheck.engine.sampling.process`` (the contract's processing)."""
+        from mtpcheck.engine.sampling import process
+
+        rows = self.rows(list(prompt), list(continuation))
+        seq = list(prompt) + list(continuation)
+        return np.stack([process(rows[i], sp, seq[: len(prompt) + i]) for i in range(len(continuation))])
