@@ -25,34 +25,18 @@ import numpy as np
 from mtpcheck.contracts import (
     GenerationRequest,
     GenerationResult,
+    PromptTooLongError,  # noqa: F401 - re-exported for the adapters
     SamplingParams,
     SpeculationReport,
     SpeculationRequest,
     SpeculationUnavailableError,
+    check_prompt_length,
 )
 
 FLOAT16_NEAR_TIE = 0.03  # nats: about 4 float16 ulps of a logit in [8, 16)
 PENALTY_CONTROLS = ["repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
 GUARD_DOC = ("guard=on: requests with controls the library mishandles with speculation run unaccelerated "
              "(used=False, reason sampling_control_unsupported); off (default): passed to the library as is")
-
-try:  # the shared helper of mtpcheck.contracts, where this checkout has it
-    from mtpcheck.contracts import PromptTooLongError, check_prompt_length  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - exercised on checkouts without it
-    from mtpcheck.contracts import MtpCheckError
-
-    class PromptTooLongError(MtpCheckError, ValueError):  # type: ignore[no-redef]
-        """A prompt longer than the backend's context, refused before any forward."""
-
-        def __init__(self, length: int, limit: int):
-            super().__init__(f"prompt_tokens: {length} tokens exceed the context length {limit}")
-            self.length, self.limit = length, limit
-
-    def check_prompt_length(prompt_tokens, limit: int | None) -> None:  # type: ignore[no-redef]
-        """Refuse a prompt longer than `limit` tokens (None: no bound) before any forward."""
-        if limit is not None and len(prompt_tokens) > limit:
-            raise PromptTooLongError(len(prompt_tokens), limit)
-
 
 def real_fixture_dir(name: str) -> Path:
     """A shipped real-library fixture folder (``mtpcheck/fixture/real/<name>``)."""
@@ -313,10 +297,8 @@ class LibraryBackend:
         raise NotImplementedError
 
     def declared_context(self) -> dict[str, Any]:
-        """``context_length`` for Capabilities, where this checkout's contract has the field."""
-        from mtpcheck.contracts import Capabilities
-
-        return {"context_length": self.context} if "context_length" in Capabilities.model_fields else {}
+        """``context_length`` for Capabilities."""
+        return {"context_length": self.context}
 
     def speculative_controls(self, penalties_reach_library: bool) -> list[str]:
         """The sampling controls declared to hold with speculation: penalties and

@@ -141,6 +141,7 @@ class MlxLmBackend(LibraryBackend):
             # float16 logits: an ulp is 2**-7 at the fixture's top logits (8-13), and a
             # multi-token verification may round them differently from a one-token step
             near_tie_logit_gap=FLOAT16_NEAR_TIE,
+            logit_dtype="float16",
             logprobs=False,
             traces=False,
             text=True,

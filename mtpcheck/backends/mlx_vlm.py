@@ -138,6 +138,7 @@ class MlxVlmBackend(LibraryBackend):
             # float16 logits: an ulp is 2**-7 at the fixture's top logits (8-13), and a
             # multi-token verification may round them differently from a one-token step
             near_tie_logit_gap=FLOAT16_NEAR_TIE,
+            logit_dtype="float16",
             notes=(f"qwen3_5_mtp head {self.head_source}, default depth {self.default.num_draft_tokens}; "
                    "position-addressed target "
                    "sampling is mlx-vlm's seeded sampler (temperature/top-k/top-p); with min-p mlx-vlm samples "
