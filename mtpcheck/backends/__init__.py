@@ -76,7 +76,7 @@ def _where(exc: BaseException) -> str:
 def load_backend(name: str, options: dict[str, str] | None = None):
     """Call the factory with the options; unknown keys are a SettingsError
     (checked against its signature first, so that a TypeError raised inside
-    the factory is reported as what it is, not as "rejected its options")."""
+    the factory is reported as the bug it is, not as a bad option)."""
     from mtpcheck.settings import check_backend_options
 
     factory = resolve_factory(name)
