@@ -96,6 +96,11 @@ def run(pytester, *args, subprocess=False):
     return result, data
 
 
+def slow(request):
+    if not request.config.getoption("--run-slow", default=False):
+        pytest.skip("another xdist run, about a minute: --run-slow")
+
+
 def outcomes(data):
     return {cid: row["outcome"] for cid, row in data["clauses"].items()}
 
@@ -119,8 +124,10 @@ def test_a_parallel_run_equals_the_serial_run(tree):
                                    "STATS-CONSISTENT*FAILED*stats disagree*", "clauses: 1 failed, 2 passed"])
 
 
-def test_the_suite_under_xdist_writes_one_merged_report(pytester):
-    """The shipped suite on the toy backend, -n 2: the controller's report holds every selected clause."""
+def test_the_suite_under_xdist_writes_one_merged_report(pytester, request):
+    """The shipped suite on the toy backend, -n 2: the controller's report holds every selected clause.
+    A minute of a busy CI machine, so --run-slow; .ci/run runs the suite under -n 2 and validates its report."""
+    slow(request)
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess("--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "-n", "2",
                                            "--mtp-backend=toy", "--mtp-clauses=REQ-BLOCK,DRAFT-FRESH",
@@ -163,7 +170,9 @@ def test_ctrl_c_in_mtpcheck_run(tmp_path):
 
 
 @pytest.mark.parametrize("stop", [["--maxfail=1"], ["-n", "2", "-x"]])
-def test_x_and_maxfail_make_an_incomplete_report(tree, stop):
+def test_x_and_maxfail_make_an_incomplete_report(tree, stop, request):
+    if "-n" in stop:
+        slow(request)
     tree.makepyfile(test_down=DOWN.replace("def test_block", "def test_z_block"))  # the failure comes first
     result, data = run(tree, BACKEND, "test_down.py", "-p", "no:randomly", *stop)
     assert result.ret in (1, 2)
