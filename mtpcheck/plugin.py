@@ -18,6 +18,9 @@ from mtpcheck.report import CLAUSE_PROPERTY, EVIDENCE_PROPERTY, RunRecorder, mat
 STASH_BACKEND = pytest.StashKey[object]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
+# loading a real checkpoint takes minutes where one call takes seconds: the
+# factory gets its own, longer limit (a hang is still named, not waited on)
+LOAD_TIMEOUT = 600.0
 
 
 def pytest_addoption(parser):
@@ -30,6 +33,9 @@ def pytest_addoption(parser):
                     help="sample sizes and hypothesis example counts (default: ci)")
     group.addoption("--mtp-seed", default="1234", help="base seed of the run, or 'random' (default: 1234)")
     group.addoption("--mtp-timeout", default="120", help="per-call backend timeout in seconds (0: none)")
+    group.addoption("--mtp-load-timeout", default=None,
+                    help="timeout of the backend factory in seconds (0: none; default: the larger of --mtp-timeout"
+                         f" and {LOAD_TIMEOUT:g})")
     group.addoption("--mtp-xfails-file", default=None, help="node-id prefixes or clause ids to xfail, '#' comments")
     group.addoption("--mtp-skips-file", default=None, help="node-id prefixes or clause ids to skip, '#' comments")
     group.addoption("--mtp-json", default=None, metavar="PATH", help="write a machine-readable report")
@@ -87,17 +93,27 @@ def pytest_configure(config):
         options = parse_options(config.getoption("--mtp-backend-option"))
         check_backend_options(name, resolve_factory(name), options)
         timeout = check_timeout(config.getoption("--mtp-timeout"))
+        load = config.getoption("--mtp-load-timeout")
+        load_timeout = check_timeout(load, "--mtp-load-timeout") if load is not None else (
+            max(timeout, LOAD_TIMEOUT) if timeout else None)
         seed = check_seed(config.getoption("--mtp-seed")) if not _is_worker(config) else None
         for option in ("--mtp-json", "--mtp-markdown"):
             check_writable(config.getoption(option), option)
         id_files = {o: check_id_file(config.getoption(o), o) for o in ("--mtp-skips-file", "--mtp-xfails-file")}
+        if config.getoption("--mtp-clauses"):
+            from mtpcheck.catalogue import load_catalogue
+
+            ids = {w.strip() for w in config.getoption("--mtp-clauses").split(",") if w.strip()}
+            unknown = sorted(ids - set(load_catalogue().by_id()))
+            if unknown:
+                raise SettingsError(f"--mtp-clauses: unknown clause ids {unknown}; see `mtpcheck contracts list`")
     except (UnknownBackendError, SettingsError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if seed is None:  # xdist workers take the controller's seed ('random' is drawn once)
         seed = config.workerinput["mtpcheck_seed"]
     recorder = RunRecorder(backend=name, options=options, profile=config.getoption("--mtp-profile"), seed=seed)
     config.stash[STASH_RECORDER] = recorder
-    config.stash[STASH_SETTINGS] = {"timeout": timeout, "id_files": id_files}
+    config.stash[STASH_SETTINGS] = {"timeout": timeout, "load_timeout": load_timeout, "id_files": id_files}
     config.pluginmanager.register(recorder, "mtpcheck-recorder")  # receives pytest_runtest_logreport
 
 
@@ -125,7 +141,8 @@ def _backend(config):
 
         rec, timeout = config.stash[STASH_RECORDER], config.stash[STASH_SETTINGS]["timeout"]
         try:  # a factory that hangs hits the timeout too
-            backend = call_with_timeout(load_backend, rec.backend, rec.options, timeout=timeout,
+            backend = call_with_timeout(load_backend, rec.backend, rec.options,
+                                        timeout=config.stash[STASH_SETTINGS]["load_timeout"],
                                         what=f"the factory of backend {rec.backend!r}")
             guarded = Guarded(backend, timeout=timeout)
             rec.capabilities = guarded.capabilities().model_dump(mode="json")
@@ -149,12 +166,7 @@ def pytest_collection_modifyitems(session, config, items):
         return
     wanted = config.getoption("--mtp-clauses")
     if wanted:
-        from mtpcheck.catalogue import load_catalogue
-
         ids = {w.strip() for w in wanted.split(",") if w.strip()}
-        unknown = sorted(ids - set(load_catalogue().by_id()))
-        if unknown:
-            raise pytest.UsageError(f"--mtp-clauses: unknown clause ids {unknown}; see `mtpcheck contracts list`")
         keep = [i for i in items if set(_clause_ids(i)) & ids]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep

@@ -17,16 +17,16 @@ class SettingsError(MtpCheckError, ValueError):
     """A bad setting: one line naming the option, the value and what is allowed."""
 
 
-def check_timeout(value: float | str | None) -> float | None:
+def check_timeout(value: float | str | None, option: str = "--mtp-timeout") -> float | None:
     """Seconds per backend call; None or 0 mean no timeout (the option's own `0: none`)."""
     if value is None:
         return None
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise SettingsError(f"--mtp-timeout: {value!r} is not a number of seconds") from None
+        raise SettingsError(f"{option}: {value!r} is not a number of seconds") from None
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
-        raise SettingsError(f"--mtp-timeout: {value!r} is not allowed; give seconds > 0, or 0 for no timeout")
+        raise SettingsError(f"{option}: {value!r} is not allowed; give seconds > 0, or 0 for no timeout")
     return seconds or None
 
 

@@ -225,7 +225,7 @@ def test_a_bug_inside_a_factory_is_not_called_a_rejected_option(tree):
 
 
 def test_a_hanging_factory_hits_the_timeout(tree):
-    result, data = run(tree, "--mtp-backend=fakebackend:hang", "--mtp-timeout=1", "test_down.py")
+    result, data = run(tree, "--mtp-backend=fakebackend:hang", "--mtp-load-timeout=1", "test_down.py")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*BackendTimeout: the factory of backend 'fakebackend:hang' did not return within 1 s*"])
     assert data["incomplete_reasons"] == ["backend failed to load"]
@@ -294,6 +294,7 @@ def test_report_validate_command(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--mtp-timeout=-1"], "ERROR: --mtp-timeout: '-1' is not allowed; give seconds > 0, or 0 for no timeout"),
+    (["--mtp-load-timeout=nan"], "ERROR: --mtp-load-timeout: 'nan' is not allowed*"),
     (["--mtp-seed=9223372036854775808"], "ERROR: --mtp-seed: 9223372036854775808 is outside [[]0, 2**63)*"),
     (["--mtp-seed=-3"], "ERROR: --mtp-seed: -3 is outside*"),
     (["--mtp-backend-option=flavor=x"],
@@ -303,6 +304,7 @@ def test_report_validate_command(tmp_path):
     (["--mtp-xfails-file=nosuch.txt"], "ERROR: --mtp-xfails-file: 'nosuch.txt' does not exist (relative to *); shipped lists: mlx_lm, mlx_vlm"),
     (["--mtp-skips-file=sub"], "ERROR: --mtp-skips-file: 'sub' is a folder*"),
     (["--mtp-xfails-file=latin1.txt"], "ERROR: --mtp-xfails-file: 'latin1.txt' is not UTF-8 text*"),
+    (["--mtp-clauses=NOPE"], "ERROR: --mtp-clauses: unknown clause ids ?'NOPE'?; see `mtpcheck contracts list`"),
 ])
 def test_bad_settings_are_one_line_usage_errors(tree, args, message):
     (tree.path / "sub").mkdir()
