@@ -87,7 +87,13 @@ def cmd_run(args) -> int:
     import pytest
 
     from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
-    from mtpcheck.settings import SettingsError, check_backend_options, check_id_file, check_seed, check_writable
+    from mtpcheck.settings import (
+        SettingsError,
+        check_backend_options,
+        check_id_file,
+        check_seed,
+        check_writable,
+    )
 
     try:
         check_backend_options(args.backend, resolve_factory(args.backend), parse_options(args.backend_option))

@@ -116,8 +116,8 @@ def test_a_parallel_run_equals_the_serial_run(tree):
     assert {n: t["outcome"] for n, t in p["tests"].items()} == {n: t["outcome"] for n, t in s["tests"].items()}
     # numpy evidence crossed the process boundary as plain JSON
     assert sorted(e["law"] for e in p["clauses"]["REQ-BLOCK"]["evidence"]) == [0.0, 0.5, 1.0]
-    assert p["clauses"]["REQ-BLOCK"]["evidence"] == sorted(s["clauses"]["REQ-BLOCK"]["evidence"], key=lambda e: e["law"]) \
-        or sorted(map(json.dumps, p["clauses"]["REQ-BLOCK"]["evidence"])) == sorted(map(json.dumps, s["clauses"]["REQ-BLOCK"]["evidence"]))
+    same = [sorted(map(json.dumps, d["clauses"]["REQ-BLOCK"]["evidence"])) for d in (p, s)]
+    assert same[0] == same[1]
     # one report by the controller: header, capabilities, every clause
     assert p["backend"]["capabilities"]["name"] == "fake" and p["complete"] and p["exit_status"] == 1
     parallel.stdout.fnmatch_lines(["*mtpcheck clauses*", "mtpcheck: backend fakebackend:make (1.0)*",
