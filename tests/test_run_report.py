@@ -341,11 +341,15 @@ def test_mtpcheck_run_bad_settings_exit_2(capsys, argv, message):
 # -- `--mtp-json PATH` (space-separated) keeps the suite's node ids ----------------------------
 
 
-def test_space_separated_report_path_keeps_node_ids(tree):
-    (tree.path / "out" / "deep").mkdir(parents=True)
-    (tree.path / "out" / "deep" / "r.json").write_text("{}")  # an earlier run's report: an existing path
-    result = tree.runpytest_inprocess("-p", "no:cacheprovider", BACKEND, "-rA", "--mtp-json", "out/deep/r.json")
+def test_space_separated_report_path_keeps_node_ids(tree, monkeypatch):
+    """pytest took the PATH of `--mtp-json PATH` for a test path when it chose the rootdir: a report
+    outside the project moved the rootdir up to a common ancestor, and node ids gained its prefix."""
+    project, elsewhere = tree.path / "project", tree.path / "reports"
+    project.mkdir(), elsewhere.mkdir()
+    (tree.path / "test_down.py").rename(project / "test_down.py")
+    (elsewhere / "r.json").write_text("{}")  # an earlier run's report: an existing path
+    monkeypatch.chdir(project)
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider", BACKEND, "-rA", "--mtp-json", str(elsewhere / "r.json"))
     result.stdout.fnmatch_lines(["PASSED test_down.py::test_greedy"])
-    assert "../" not in result.stdout.str()
-    data = json.loads((tree.path / "out" / "deep" / "r.json").read_text())
+    data = json.loads((elsewhere / "r.json").read_text())
     assert "test_down.py::test_greedy" in data["tests"]
