@@ -143,21 +143,34 @@ def cmd_explain_divergence(args) -> int:
 
 
 def cmd_run(args) -> int:
-    """The conformance run: the suite through pytest, a clause table, a JSON report."""
+    """The conformance run: the suite through pytest, a clause table, a JSON report.
+    Settings are checked here first, so a bad one is exit 2 in one line."""
     import pytest
 
-    from mtpcheck.backends import UnknownBackendError, resolve_factory
+    from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
+    from mtpcheck.settings import (
+        SettingsError,
+        check_backend_options,
+        check_id_file,
+        check_seed,
+        check_writable,
+    )
 
     try:
-        resolve_factory(args.backend)
-    except UnknownBackendError as exc:
-        return _fail(str(exc))
+        check_backend_options(args.backend, resolve_factory(args.backend), parse_options(args.backend_option))
+        check_seed(args.seed)
+        for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+            check_writable(path, flag)
+        for flag, path in (("--xfails-file", args.xfails_file), ("--skips-file", args.skips_file)):
+            check_id_file(path, flag)
+    except (UnknownBackendError, SettingsError) as exc:
+        return _fail(str(exc).removeprefix("--mtp-backend-option: "))
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
     pytest_args = ["--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "-q", "-rfE",
                    f"--mtp-backend={args.backend}", f"--mtp-profile={args.profile}", f"--mtp-seed={args.seed}"]
     pytest_args += [f"--mtp-backend-option={o}" for o in args.backend_option]
-    for flag, value in (("--mtp-json", args.json), ("--mtp-xfails-file", args.xfails_file),
-                        ("--mtp-skips-file", args.skips_file)):
+    for flag, value in (("--mtp-json", args.json), ("--mtp-markdown", args.markdown),
+                        ("--mtp-xfails-file", args.xfails_file), ("--mtp-skips-file", args.skips_file)):
         if value:
             pytest_args.append(f"{flag}={value}")
     pytest_args += args.pytest_args
@@ -238,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend-option", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--profile", choices=["ci", "dev", "thorough"], default="ci")
     r.add_argument("--seed", default="1234")
-    r.add_argument("--json", metavar="PATH")
+    r.add_argument("--json", metavar="PATH", help="the JSON report (docs/report.md)")
+    r.add_argument("--markdown", metavar="PATH", help="the clause table with the evidence summary, for a pull request")
     r.add_argument("--xfails-file")
     r.add_argument("--skips-file")
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")

@@ -8,14 +8,19 @@ use, only by runs that hold suite tests.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
 
-from mtpcheck.report import RunRecorder, match_lines, read_id_file
+from mtpcheck.report import CLAUSE_PROPERTY, EVIDENCE_PROPERTY, RunRecorder, match_lines, to_plain
 
 STASH_BACKEND = pytest.StashKey[object]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
+STASH_SETTINGS = pytest.StashKey[dict]()
+# loading a real checkpoint takes minutes where one call takes seconds: the
+# factory gets its own, longer limit (a hang is still named, not waited on)
+LOAD_TIMEOUT = 600.0
 
 
 def pytest_addoption(parser):
@@ -27,53 +32,123 @@ def pytest_addoption(parser):
     group.addoption("--mtp-profile", default="ci", choices=["ci", "dev", "thorough"],
                     help="sample sizes and hypothesis example counts (default: ci)")
     group.addoption("--mtp-seed", default="1234", help="base seed of the run, or 'random' (default: 1234)")
-    group.addoption("--mtp-timeout", type=float, default=120.0, help="per-call backend timeout in seconds (0: none)")
+    group.addoption("--mtp-timeout", default="120", help="per-call backend timeout in seconds (0: none)")
+    group.addoption("--mtp-load-timeout", default=None,
+                    help="timeout of the backend factory in seconds (0: none; default: the larger of --mtp-timeout"
+                         f" and {LOAD_TIMEOUT:g})")
     group.addoption("--mtp-xfails-file", default=None, help="node-id prefixes or clause ids to xfail, '#' comments")
     group.addoption("--mtp-skips-file", default=None, help="node-id prefixes or clause ids to skip, '#' comments")
     group.addoption("--mtp-json", default=None, metavar="PATH", help="write a machine-readable report")
+    group.addoption("--mtp-markdown", default=None, metavar="PATH",
+                    help="write the clause table with the evidence summary as Markdown (for a pull request)")
     group.addoption("--mtp-clauses", default=None, metavar="ID,ID",
                     help="run only the suite tests of these clause ids (comma-separated)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """pytest fixes the rootdir before it knows plugins' options, so the PATH of
+    `--mtp-json PATH` (space-separated, as README writes it) was taken for a test
+    path and the rootdir moved to its folder (node ids then led there, `../..`).
+    Now that the options are known, determine it again from the real test paths."""
+    if not any(a.startswith("--mtp-") and "=" not in a for a in args) or early_config.known_args_namespace.rootdir:
+        return
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        ns = early_config.known_args_namespace
+        rootpath, inipath, inicfg, _ = determine_setup(
+            inifile=ns.inifilename, override_ini=ns.override_ini, args=ns.file_or_dir, rootdir_cmd_arg=None,
+            invocation_dir=early_config.invocation_params.dir)
+    except Exception:  # pytest's internals moved: keep its answer
+        return
+    if rootpath == early_config.rootpath:
+        return
+    if ns.confcutdir == str(early_config.inipath.parent if early_config.inipath else early_config.rootpath):
+        ns.confcutdir = str(inipath.parent if inipath else rootpath)
+    early_config._rootpath, early_config._inipath, early_config._inicfg = rootpath, inipath, inicfg
+    early_config._inicache.clear()
+    early_config._parser.extra_info.update(rootdir=str(rootpath), inifile=str(inipath))
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # an xdist worker: the controller reports
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "contract(clause_id): the catalogue clause this suite test checks")
     config.addinivalue_line("markers", "requires(*capabilities): capabilities needed beyond the clause's own")
     from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
-
-    try:  # an unknown backend fails at start-up, in one line
-        resolve_factory(config.getoption("--mtp-backend"))
-        parse_options(config.getoption("--mtp-backend-option"))
-    except UnknownBackendError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    seed = config.getoption("--mtp-seed")
-    if seed == "random":
-        import secrets
-
-        seed = str(secrets.randbelow(2**31))
-    if not seed.isdigit():
-        raise pytest.UsageError(f"--mtp-seed must be an integer or 'random', got {seed!r}")
-    recorder = RunRecorder(
-        backend=config.getoption("--mtp-backend"),
-        options=parse_options(config.getoption("--mtp-backend-option")),
-        profile=config.getoption("--mtp-profile"),
-        seed=int(seed),
+    from mtpcheck.settings import (
+        SettingsError,
+        check_backend_options,
+        check_id_file,
+        check_seed,
+        check_timeout,
+        check_writable,
     )
+
+    try:  # bad settings fail at start-up, each in one line (exit 4)
+        name = config.getoption("--mtp-backend")
+        options = parse_options(config.getoption("--mtp-backend-option"))
+        check_backend_options(name, resolve_factory(name), options)
+        timeout = check_timeout(config.getoption("--mtp-timeout"))
+        load = config.getoption("--mtp-load-timeout")
+        load_timeout = check_timeout(load, "--mtp-load-timeout") if load is not None else (
+            max(timeout, LOAD_TIMEOUT) if timeout else None)
+        seed = check_seed(config.getoption("--mtp-seed")) if not _is_worker(config) else None
+        for option in ("--mtp-json", "--mtp-markdown"):
+            check_writable(config.getoption(option), option)
+        id_files = {o: check_id_file(config.getoption(o), o) for o in ("--mtp-skips-file", "--mtp-xfails-file")}
+        if config.getoption("--mtp-clauses"):
+            from mtpcheck.catalogue import load_catalogue
+
+            ids = {w.strip() for w in config.getoption("--mtp-clauses").split(",") if w.strip()}
+            unknown = sorted(ids - set(load_catalogue().by_id()))
+            if unknown:
+                raise SettingsError(f"--mtp-clauses: unknown clause ids {unknown}; see `mtpcheck contracts list`")
+    except (UnknownBackendError, SettingsError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if seed is None:  # xdist workers take the controller's seed ('random' is drawn once)
+        seed = config.workerinput["mtpcheck_seed"]
+    recorder = RunRecorder(backend=name, options=options, profile=config.getoption("--mtp-profile"), seed=seed)
     config.stash[STASH_RECORDER] = recorder
+    config.stash[STASH_SETTINGS] = {"timeout": timeout, "load_timeout": load_timeout, "id_files": id_files}
     config.pluginmanager.register(recorder, "mtpcheck-recorder")  # receives pytest_runtest_logreport
+
+
+# -- xdist: workers run and send their reports; the controller records and writes
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["mtpcheck_seed"] = node.config.stash[STASH_RECORDER].seed
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    rec = node.config.stash.get(STASH_RECORDER, None)
+    data = getattr(node, "workeroutput", {}).get("mtpcheck")
+    if rec is not None and data:
+        rec.merge_worker(data)
 
 
 def _backend(config):
     """Load the backend once; a load failure is recorded and re-raised per test."""
     if STASH_BACKEND not in config.stash:
         from mtpcheck.backends import load_backend
-        from mtpcheck.harness import Guarded
+        from mtpcheck.harness import Guarded, call_with_timeout
 
-        rec = config.stash[STASH_RECORDER]
-        try:
-            guarded = Guarded(load_backend(rec.backend, rec.options), timeout=config.getoption("--mtp-timeout") or None)
-            rec.capabilities = guarded.capabilities().model_dump()
+        rec, timeout = config.stash[STASH_RECORDER], config.stash[STASH_SETTINGS]["timeout"]
+        try:  # a factory that hangs hits the timeout too
+            backend = call_with_timeout(load_backend, rec.backend, rec.options,
+                                        timeout=config.stash[STASH_SETTINGS]["load_timeout"],
+                                        what=f"the factory of backend {rec.backend!r}")
+            guarded = Guarded(backend, timeout=timeout)
+            rec.capabilities = guarded.capabilities().model_dump(mode="json")
             config.stash[STASH_BACKEND] = guarded
         except Exception as exc:
+            rec.backend_error = f"{type(exc).__name__}: {exc}"
             config.stash[STASH_BACKEND] = exc
     value = config.stash[STASH_BACKEND]
     if isinstance(value, Exception):
@@ -91,23 +166,17 @@ def pytest_collection_modifyitems(session, config, items):
         return
     wanted = config.getoption("--mtp-clauses")
     if wanted:
-        from mtpcheck.catalogue import load_catalogue
-
         ids = {w.strip() for w in wanted.split(",") if w.strip()}
-        unknown = sorted(ids - set(load_catalogue().by_id()))
-        if unknown:
-            raise pytest.UsageError(f"--mtp-clauses: unknown clause ids {unknown}; see `mtpcheck contracts list`")
         keep = [i for i in items if set(_clause_ids(i)) & ids]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         suite_items = keep
-    for item in suite_items:
-        item.user_properties.append(("mtp_clauses", _clause_ids(item)))
+    for item in suite_items:  # plain strings: JUnit XML shows <property name="clause" value="DIST-EQUIV"/>
+        item.user_properties.extend((CLAUSE_PROPERTY, cid) for cid in _clause_ids(item))
     for option, marker in (("--mtp-skips-file", "skip"), ("--mtp-xfails-file", "xfail")):
-        path = config.getoption(option)
-        if not path:
+        entries = config.stash[STASH_SETTINGS]["id_files"][option]
+        if not entries:
             continue
-        entries = read_id_file(path)
         unmatched = match_lines(entries, suite_items, _clause_ids)
         for item, reason in unmatched.pop("__matches__"):
             mark = pytest.mark.skip(reason=reason) if marker == "skip" else pytest.mark.xfail(reason=reason, strict=False)
@@ -117,9 +186,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
+    rec = session.config.stash[STASH_RECORDER]
+    rec.note_collected(session.items)  # after every deselection (-k, --mtp-clauses)
     if not any(_clause_ids(i) for i in session.items):
         return
-    rec = session.config.stash[STASH_RECORDER]
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     try:
         _backend(session.config)
@@ -149,16 +219,26 @@ def pytest_runtest_setup(item):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    rec = session.config.stash.get(STASH_RECORDER, None)
-    path = session.config.getoption("--mtp-json")
-    if rec is not None and path:
-        rec.write_json(path)
+    config = session.config
+    rec = config.stash.get(STASH_RECORDER, None)
+    if rec is None:
+        return
+    if _is_worker(config):  # the controller merges this and writes the one report
+        config.workeroutput["mtpcheck"] = to_plain(rec.worker_output())
+        return
+    rec.finish(exitstatus, session.shouldfail or session.shouldstop)
+    for option, write in (("--mtp-json", rec.write_json), ("--mtp-markdown", rec.write_markdown)):
+        if config.getoption(option):
+            write(config.getoption(option))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     rec = config.stash.get(STASH_RECORDER, None)
-    if rec is not None and rec.has_clauses():
+    if rec is not None and rec.has_clauses() and not _is_worker(config):
         terminalreporter.section("mtpcheck clauses")
+        if config.pluginmanager.hasplugin("dsession"):  # xdist: the workers' header lines were not shown
+            for line in rec.header_lines():
+                terminalreporter.write_line(line)
         for line in rec.table_lines():
             terminalreporter.write_line(line)
 
@@ -199,9 +279,12 @@ def mtp_fixture(mtp_backend):
 
 @pytest.fixture
 def mtp_record(request):
-    """Record evidence for the JSON report: mtp_record(key=value, ...)."""
+    """Record evidence for the JSON report: mtp_record(key=value, ...). Any test
+    may call it: one without a contract marker is recorded under "tests" with
+    no clauses (docs/downstream.md)."""
 
     def record(**evidence):
-        request.node.user_properties.append(("mtp_evidence", evidence))
+        # plain JSON text: xdist can send it (numpy scalars it cannot), JUnit shows it as it is
+        request.node.user_properties.append((EVIDENCE_PROPERTY, json.dumps(to_plain(evidence))))
 
     return record

@@ -1,28 +1,147 @@
 """The run's record: per-test reports rolled up per clause, the header, the
-table, the JSON report, and the xfails/skips files."""
+table, the JSON and Markdown reports, and the xfails/skips files.
+
+The JSON report is an interface: its shape is the pydantic model RunReport,
+exported to contracts/schemas/RunReport.schema.json (docs/report.md)."""
 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mtpcheck.contracts import Capabilities
 
 # worst first: a clause with any xfailed test shows XFAILED, not PASSED (a
 # clause with passed and skipped tests shows PASSED: see RunRecorder.clauses)
 OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
+SCHEMA_VERSION = 1
+Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
+Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error"]
+# the user_properties keys a suite test carries; plain strings, so JUnit XML shows them as they are
+CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
+
+
+# -- the report's models (the published schema) ---------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TestRecord(_Model):
+    __test__ = False  # not a pytest test class
+    clauses: list[str]
+    outcome: Outcome
+    message: str = ""
+    duration_s: float
+    evidence: list[dict[str, Any]] = Field(default_factory=list, description="mtp_record(...) calls, in order")
+
+
+class ClauseRecord(_Model):
+    title: str
+    kind: str
+    outcome: Outcome = Field(description="the worst outcome of its tests; passed with skipped tests is passed")
+    tests: dict[str, Outcome]
+    notes: list[str] = Field(description="messages of the tests that decided the outcome")
+    evidence: list[dict[str, Any]]
+
+
+class BackendRecord(_Model):
+    name: str
+    options: dict[str, str]
+    capabilities: Capabilities | None = Field(description="null when the backend failed to load")
+
+
+class NotRun(_Model):
+    clauses: dict[str, str] = Field(default_factory=dict, description="clause id -> why none of its tests ran")
+    tests: list[str] = Field(default_factory=list, description="collected (or deselected) node ids that did not run")
+
+
+class RunReport(_Model):
+    """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
+    incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
+    exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")
+    backend: BackendRecord
+    versions: dict[str, str | None]
+    profile: str
+    seed: int
+    duration_s: float
+    clauses: dict[str, ClauseRecord]
+    not_run: NotRun
+    tests: dict[str, TestRecord]
+    summary: dict[str, int] = Field(description="clauses per outcome")
+
+
+REPORT_MODELS = {"RunReport": RunReport}
+
+
+def to_plain(value: Any) -> Any:
+    """Evidence as plain JSON values: numpy scalars and arrays, pydantic models,
+    tuples and non-finite floats (xdist cannot send numpy; strict JSON has no NaN)."""
+    if isinstance(value, BaseModel):
+        return to_plain(value.model_dump(mode="json"))
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_plain(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy scalar or array
+        return to_plain(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+# -- xfails / skips files --------------------------------------------------------
+
+
+class IdFileError(ValueError):
+    """A missing, unreadable or non-UTF-8 xfails/skips file."""
+
+
+def resolve_id_file(name: str | Path) -> Path:
+    """A path relative to the current folder, else a shipped list by name
+    (`mlx-vlm`, `mlx_vlm` or `mlx_vlm.txt` -> mtpcheck/backends/xfails/mlx_vlm.txt)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = Path(__file__).parent / "backends" / "xfails"
+    stem = path.name.removesuffix(".txt").replace("-", "_")
+    if (shipped / f"{stem}.txt").is_file() and len(path.parts) <= 1 or (shipped / path.name).is_file():
+        return shipped / f"{stem}.txt"
+    known = ", ".join(sorted(p.stem for p in shipped.glob("*.txt")))
+    raise IdFileError(f"{str(name)!r} does not exist (relative to {Path.cwd()}); shipped lists: {known}")
 
 
 def read_id_file(path: str | Path) -> list[tuple[str, str]]:
     """Lines of node-id prefixes or clause ids; '#' starts a comment that
     becomes the reason. Returns (entry, reason) pairs."""
+    path = resolve_id_file(path)
+    if path.is_dir():
+        raise IdFileError(f"{str(path)!r} is a folder, not a file of node ids or clause ids")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise IdFileError(f"{str(path)!r} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise IdFileError(f"{str(path)!r} cannot be read: {exc.strerror}") from None
     entries = []
-    for raw in Path(path).read_text().splitlines():
+    for raw in text.splitlines():
         entry, _, comment = raw.partition("#")
         entry = entry.strip()
         if entry:
-            entries.append((entry, comment.strip() or f"listed in {Path(path).name}"))
+            entries.append((entry, comment.strip() or f"listed in {path.name}"))
     return entries
 
 
@@ -45,6 +164,9 @@ def match_lines(entries, items, clause_ids) -> dict:
                 used.add(entry)
                 break
     return {"__matches__": matches, "__unused__": [e for e, _ in entries if e not in used]}
+
+
+# -- the recorder -------------------------------------------------------------------
 
 
 def _outcome(report) -> str:
@@ -71,6 +193,34 @@ def _message(report) -> str:
     return ""
 
 
+def evidence_summary(evidence: list[dict]) -> str:
+    """The statistical tests found in a clause's evidence, one phrase each:
+    name, alpha, n, p-value, detectable TV where present."""
+    found: list[dict] = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            if "alpha" in value and "p_value" in value:
+                found.append(value)
+                return
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(evidence)
+    parts = []
+    for name in dict.fromkeys(t.get("name", "test") for t in found):  # per test kind, its lowest p-value
+        same = [t for t in found if t.get("name", "test") == name]
+        t = min(same, key=lambda t: t["p_value"])
+        text = f"{name}: alpha {t['alpha']:.2g}, n {t.get('n', '?')}, p {t['p_value']:.3g}"
+        if isinstance(t.get("detectable_tv"), (int, float)):
+            text += f", detectable TV {t['detectable_tv']:.3f}"
+        parts.append(text + (f" (lowest p of {len(same)})" if len(same) > 1 else ""))
+    return "; ".join(parts)
+
+
 @dataclass(eq=False)  # registered as a pytest plugin: must stay hashable
 class RunRecorder:
     backend: str
@@ -80,13 +230,19 @@ class RunRecorder:
     capabilities: dict | None = None
     tests: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    collected: dict = field(default_factory=dict)  # node id -> clauses, the tests selected to run
+    deselected: dict = field(default_factory=dict)  # node id -> clauses, deselected (-k, --mtp-clauses)
+    reasons: list = field(default_factory=list)  # why the run is incomplete
+    exit_status: int | None = None
+    backend_error: str | None = None
 
-    # pytest hook (the recorder is registered as a plugin)
+    # pytest hooks (the recorder is registered as a plugin)
     def pytest_runtest_logreport(self, report):
-        props = dict(report.user_properties)
-        if "mtp_clauses" not in props:
+        clauses = [v for k, v in report.user_properties if k == CLAUSE_PROPERTY]
+        evidence = [json.loads(v) for k, v in report.user_properties if k == EVIDENCE_PROPERTY]
+        if not clauses and not evidence and report.nodeid not in self.collected:
             return
-        entry = self.tests.setdefault(report.nodeid, {"clauses": props["mtp_clauses"], "outcome": None,
+        entry = self.tests.setdefault(report.nodeid, {"clauses": clauses, "outcome": None,
                                                       "message": "", "duration_s": 0.0, "evidence": []})
         entry["duration_s"] += report.duration
         outcome = _outcome(report)
@@ -95,17 +251,69 @@ class RunRecorder:
             entry["outcome"] is None or OUTCOME_ORDER.index(outcome) < OUTCOME_ORDER.index(entry["outcome"])
         ):
             entry["outcome"], entry["message"] = outcome, _message(report)
-        entry["evidence"] = [v for k, v in report.user_properties if k == "mtp_evidence"]
+        entry["evidence"] = evidence
+
+    def pytest_collectreport(self, report):
+        if report.failed and "collection error" not in self.reasons:
+            self.reasons.append("collection error")
+
+    def pytest_deselected(self, items):
+        self.deselected.update({i.nodeid: _marked(i) for i in items if _marked(i)})
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        # xdist's controller stops -x/--maxfail runs by raising a KeyboardInterrupt subclass
+        reason = "maxfail" if str(excinfo.value).startswith("stopping after") else "interrupted"
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def note_collected(self, items) -> None:
+        self.collected.update({i.nodeid: _marked(i) for i in items if _marked(i)})
+
+    def merge_worker(self, data: dict) -> None:
+        """What an xdist worker collected and loaded (its tests' reports reach
+        the controller as pytest_runtest_logreport)."""
+        self.collected.update(data.get("collected", {}))
+        self.deselected.update(data.get("deselected", {}))
+        self.capabilities = self.capabilities or data.get("capabilities")
+        self.backend_error = self.backend_error or data.get("backend_error")
+        for reason in data.get("reasons", []):
+            if reason not in self.reasons:
+                self.reasons.append(reason)
+
+    def worker_output(self) -> dict:
+        return {"collected": self.collected, "deselected": self.deselected, "capabilities": self.capabilities,
+                "backend_error": self.backend_error, "reasons": self.reasons}
+
+    def finish(self, exit_status: int, stopped: str | bool = False) -> None:
+        """Called at session finish: the exit status and why the run stopped early."""
+        self.exit_status = int(exit_status)
+        why = []
+        if stopped and "interrupt" not in str(stopped).lower() and "during collection" not in str(stopped):
+            why.append("maxfail")
+        if exit_status == 2 and not {"collection error", "maxfail", "interrupted"} & {*self.reasons, *why}:
+            why.append("interrupted")
+        if exit_status == 3:
+            why.append("internal error")
+        if self.deselected:
+            why.append("subset")
+        if self.backend_error:
+            why.append("backend failed to load")
+        for reason in why:
+            if reason not in self.reasons:
+                self.reasons.append(reason)
 
     def has_clauses(self) -> bool:
-        return bool(self.tests)
+        return bool(self.tests) or bool(self.collected)
+
+    def _ran(self) -> dict:
+        return {n: t for n, t in self.tests.items() if t["outcome"] is not None}
 
     def clauses(self) -> dict:
         from mtpcheck.catalogue import load_catalogue
 
-        out = {}
+        out, ran = {}, self._ran()
         for clause in load_catalogue().clause:
-            tests = {n: t for n, t in self.tests.items() if clause.id in t["clauses"]}
+            tests = {n: t for n, t in ran.items() if clause.id in t["clauses"]}
             if not tests:
                 continue
             worst = min((t["outcome"] for t in tests.values()), key=OUTCOME_ORDER.index)
@@ -116,6 +324,25 @@ class RunRecorder:
                               "tests": {n: t["outcome"] for n, t in tests.items()}, "notes": notes,
                               "evidence": [e for t in tests.values() for e in t["evidence"]]}
         return out
+
+    def not_run(self) -> dict:
+        """Clauses none of whose tests ran, and the tests that did not run."""
+        ran = self._ran()
+        tests = sorted(n for n in {**self.collected, **self.deselected} if n not in ran)
+        done = {c for t in ran.values() for c in t["clauses"]}
+        clauses = {}
+        for nodeid in tests:
+            for cid in self.collected.get(nodeid) or self.deselected.get(nodeid, []):
+                if cid in done or cid in clauses:
+                    continue
+                if nodeid in self.collected:
+                    clauses[cid] = "not reached: " + (", ".join(r for r in self.reasons if r != "subset") or "not run")
+                else:
+                    clauses[cid] = "deselected"
+        return {"clauses": dict(sorted(clauses.items())), "tests": tests}
+
+    def complete(self) -> bool:
+        return not self.reasons and not self.not_run()["tests"] and self.exit_status in (0, 1)
 
     def header_lines(self) -> list[str]:
         caps = self.capabilities or {}
@@ -128,13 +355,23 @@ class RunRecorder:
 
     def table_lines(self) -> list[str]:
         rows = self.clauses()
-        width = max((len(c) for c in rows), default=10)
+        missing = self.not_run()["clauses"]
+        width = max((len(c) for c in [*rows, *missing]), default=10)
         lines = []
         for cid, row in rows.items():
             note = row["notes"][0] if row["notes"] else ""
             lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  {_clip(note, 110)}")
+        for cid, why in missing.items():
+            if why != "deselected":
+                lines.append(f"{cid:<{width}}  {'NOT RUN':<8}  {why}")
         counts = self.summary()
-        lines.append("clauses: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+        deselected = sum(why == "deselected" for why in missing.values())
+        lines.append("clauses: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+                     + (f", {len(missing) - deselected} not run" if len(missing) > deselected else "")
+                     + (f", {deselected} deselected" if deselected else ""))
+        if self.exit_status is not None and not self.complete():
+            lines.append(f"mtpcheck: INCOMPLETE run ({', '.join(self.reasons) or 'tests not run'}): "
+                         "the report says complete: false")
         return lines
 
     def summary(self) -> dict:
@@ -143,7 +380,7 @@ class RunRecorder:
             counts[row["outcome"]] += 1
         return counts
 
-    def as_dict(self) -> dict:
+    def report(self) -> RunReport:
         from importlib.metadata import PackageNotFoundError, version
 
         def ver(name):
@@ -152,7 +389,10 @@ class RunRecorder:
             except PackageNotFoundError:
                 return None
 
-        return {
+        return RunReport.model_validate({
+            "complete": self.complete(),
+            "incomplete_reasons": list(self.reasons),
+            "exit_status": self.exit_status if self.exit_status is not None else -1,
             "backend": {"name": self.backend, "options": self.options, "capabilities": self.capabilities},
             "versions": {n: ver(n) for n in ("mtpcheck", "mlx", "numpy", "pytest", "hypothesis", "mlx-lm", "mlx-vlm")}
             | {"python": platform.python_version()},
@@ -160,10 +400,81 @@ class RunRecorder:
             "seed": self.seed,
             "duration_s": round(time.time() - self.started, 3),
             "clauses": self.clauses(),
-            "tests": self.tests,
+            "not_run": self.not_run(),
+            "tests": self._ran(),
             "summary": self.summary(),
-        }
+        })
+
+    def as_dict(self) -> dict:
+        return self.report().model_dump(mode="json")
 
     def write_json(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.as_dict(), indent=2, default=str) + "\n")
+        Path(path).write_text(self.report().model_dump_json(indent=2) + "\n")
+
+    def markdown(self) -> str:
+        """The clause table with the evidence summary, for a pull request."""
+        rep = self.report()
+        caps = rep.backend.capabilities
+        state = "complete" if rep.complete else f"**incomplete** ({', '.join(rep.incomplete_reasons) or 'tests not run'})"
+        lines = [f"### mtpcheck: {rep.backend.name} ({caps.version if caps else 'not loaded'})", "",
+                 f"profile `{rep.profile}`, base seed `{rep.seed}`, exit status {rep.exit_status}, {state}; "
+                 + ", ".join(f"{v} {k}" for k, v in rep.summary.items() if v), "",
+                 "| clause | outcome | note | evidence |", "|---|---|---|---|"]
+
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|").replace("\n", " ")
+
+        for cid, row in rep.clauses.items():
+            lines.append(f"| {cid} | {row.outcome.upper()} | {cell(row.notes[0] if row.notes else '')} "
+                         f"| {cell(evidence_summary(row.evidence))} |")
+        for cid, why in rep.not_run.clauses.items():
+            if why != "deselected":
+                lines.append(f"| {cid} | NOT RUN | {cell(why)} | |")
+        deselected = [cid for cid, why in rep.not_run.clauses.items() if why == "deselected"]
+        if deselected:
+            lines += ["", f"Deselected, not run: {', '.join(deselected)}."]
+        return "\n".join(lines) + "\n"
+
+    def write_markdown(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(self.markdown())
+
+
+def _marked(item) -> list[str]:
+    """The clause ids of a collected item's contract markers."""
+    return [m.args[0] for m in item.iter_markers("contract") if m.args]
+
+
+def check_report(path: str | Path) -> RunReport:
+    """Read a JSON report and validate it against RunReport (raises on a bad one)."""
+    return RunReport.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mtpcheck.report validate PATH [--complete]`: a CI check of a report file."""
+    import argparse
+    import sys
+
+    import pydantic
+
+    p = argparse.ArgumentParser(prog="python -m mtpcheck.report")
+    p.add_argument("action", choices=["validate"])
+    p.add_argument("path")
+    p.add_argument("--complete", action="store_true", help="also require complete: true")
+    args = p.parse_args(argv)
+    try:
+        rep = check_report(args.path)
+    except (OSError, pydantic.ValidationError) as exc:
+        sys.stderr.write(f"mtpcheck.report: {args.path}: not a valid report: {str(exc).splitlines()[0]}\n")
+        return 1
+    if args.complete and not rep.complete:
+        sys.stderr.write(f"mtpcheck.report: {args.path}: incomplete run: {', '.join(rep.incomplete_reasons)}\n")
+        return 1
+    print(f"{args.path}: schema_version {rep.schema_version}, {len(rep.clauses)} clauses, "
+          f"complete {rep.complete}, exit status {rep.exit_status}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

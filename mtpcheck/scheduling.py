@@ -179,19 +179,22 @@ def open_session(backend, **options) -> SchedulerSession:
     inner = getattr(backend, "backend", backend)
     if not isinstance(inner, SchedulingBackend):
         raise BackendError(f"backend {type(inner).__name__} declares the scheduler capability but has no open_scheduler()")
-    session = inner.open_scheduler(**options)
-    return _GuardedSession(session, backend.timeout) if inner is not backend else session
+    if inner is backend:
+        return inner.open_scheduler(**options)
+    # opened on the session's own thread, under the timeout: an opener that hangs is named, not waited on
+    return _GuardedSession(lambda: inner.open_scheduler(**options), backend.timeout)
 
 
 class _GuardedSession:
     """Every call runs on one worker thread of its own (MLX ties lazy arrays to
     the thread that made them) and gets the guarded backend's timeout."""
 
-    def __init__(self, session, timeout: float | None):
-        self._session, self._timeout = session, timeout
+    def __init__(self, opener, timeout: float | None):
+        self._timeout = timeout
         self._jobs: queue.Queue = queue.Queue()
         threading.Thread(target=self._serve, args=(self._jobs,), daemon=True, name="mtpcheck:session").start()
         weakref.finalize(self, self._jobs.put, None)  # stops the worker with the session
+        self._session = self._run(opener, "open_scheduler")
 
     @staticmethod
     def _serve(jobs: queue.Queue) -> None:
@@ -204,10 +207,14 @@ class _GuardedSession:
             done.set()
 
     def _call(self, name: str, *args, **kwargs):
+        fn = getattr(self._session, name)
+        return self._run(lambda: fn(*args, **kwargs), name)
+
+    def _run(self, job, name: str):
         from mtpcheck.harness import BackendTimeout
 
-        fn, box, done = getattr(self._session, name), {}, threading.Event()
-        self._jobs.put((lambda: fn(*args, **kwargs), box, done))
+        box, done = {}, threading.Event()
+        self._jobs.put((job, box, done))
         if not done.wait(self._timeout):
             raise BackendTimeout(f"{name}() did not return within {self._timeout:g} s")
         if "error" in box:

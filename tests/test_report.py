@@ -10,7 +10,7 @@ from mtpcheck.report import RunRecorder
 
 def report(nodeid, when, outcome, clauses=("STATS-CONSISTENT",), xfail_reason=None, message="boom"):
     rep = SimpleNamespace(nodeid=nodeid, when=when, duration=0.01, longrepr=None,
-                          user_properties=[("mtp_clauses", list(clauses))],
+                          user_properties=[("clause", c) for c in clauses],
                           passed=outcome == "passed", failed=outcome == "failed", skipped=outcome == "skipped")
     if xfail_reason is not None:
         rep.wasxfail = xfail_reason
@@ -81,3 +81,24 @@ def test_the_worst_test_outcome_is_the_clause_outcome(recorder, outcomes, expect
             run_test(recorder, f"t::{i}", call, xfail_reason=reason)
     assert [t["outcome"] for t in recorder.tests.values()] == outcomes
     assert recorder.clauses()["STATS-CONSISTENT"]["outcome"] == expected
+
+
+def test_a_test_cut_by_an_interrupt_is_not_run_not_a_crash(recorder):
+    """Ctrl-C between setup and call: no call report (was ValueError: None is not in list)."""
+    run_test(recorder, "t::a", "passed")
+    recorder.pytest_runtest_logreport(report("t::b", "setup", "passed"))
+    recorder.finish(2)
+    assert recorder.clauses()["STATS-CONSISTENT"]["tests"] == {"t::a": "passed"}
+    assert recorder.not_run()["tests"] == [] and recorder.reasons == ["interrupted"]
+    assert not recorder.report().complete and "t::b" not in recorder.report().tests
+
+
+def test_numpy_evidence_becomes_plain_json():
+    import numpy as np
+
+    from mtpcheck.report import to_plain
+
+    plain = to_plain({"p": np.float64(0.5), "n": np.int64(3), "a": np.arange(2), "t": (1, np.float32(2.5)),
+                      "bad": float("nan")})
+    assert plain == {"p": 0.5, "n": 3, "a": [0, 1], "t": [1, 2.5], "bad": "nan"}
+    assert type(plain["p"]) is float and type(plain["n"]) is int

@@ -5,6 +5,7 @@ is called with the --mtp-backend-option KEY=VALUE pairs as keyword strings."""
 from __future__ import annotations
 
 import importlib
+import traceback
 from importlib.metadata import entry_points
 
 from mtpcheck.contracts import MtpCheckError
@@ -58,9 +59,31 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
+class BackendLoadError(UnknownBackendError):
+    """The backend's factory raised: its own exception and where it came from.
+    (An UnknownBackendError, so callers that report a bad backend in one line still do.)"""
+
+
+def _where(exc: BaseException) -> str:
+    """file:line of the innermost frame of the exception (where it was raised)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno}"
+
+
 def load_backend(name: str, options: dict[str, str] | None = None):
+    """Call the factory with the options; unknown keys are a SettingsError
+    (checked against its signature first, so that a TypeError raised inside
+    the factory is reported as the bug it is, not as a bad option)."""
+    from mtpcheck.settings import check_backend_options
+
     factory = resolve_factory(name)
+    check_backend_options(name, factory, options or {})
     try:
         return factory(**(options or {}))
-    except TypeError as exc:
-        raise UnknownBackendError(f"backend {name!r} rejected its options {options or {}}: {exc}") from exc
+    except Exception as exc:
+        what = getattr(factory, "__qualname__", repr(factory))
+        raise BackendLoadError(f"backend {name!r}: factory {what}() raised {type(exc).__name__}: {exc} "
+                               f"(at {_where(exc)})") from exc

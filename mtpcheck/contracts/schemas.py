@@ -10,9 +10,11 @@ from .models import SCHEMA_MODELS
 
 def render_schemas() -> dict[str, str]:
     """File name -> canonical JSON text, one file per model."""
+    from mtpcheck.report import REPORT_MODELS  # the run's JSON report is an interface too
+
     return {
         f"{name}.schema.json": json.dumps(model.model_json_schema(), indent=2, sort_keys=True) + "\n"
-        for name, model in SCHEMA_MODELS.items()
+        for name, model in {**SCHEMA_MODELS, **REPORT_MODELS}.items()
     }
 
 
