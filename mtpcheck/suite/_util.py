@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams
+from mtpcheck.laws.stats import SUITE_ALPHA
 
-# Statistical subtests in the whole suite; each gets SUITE_ALPHA / STAT_SUBTESTS
-# so that a run's false-failure probability stays <= 1e-6 (Bonferroni).
+# The run's false-failure budget SUITE_ALPHA = 1e-6, split by a union bound:
+# SEED-INDEPENDENT and SEED-STREAMS-INDEPENDENT get INDEPENDENCE_ALPHA each
+# (their e-value tests win by orders of magnitude when they fire, so a small
+# share costs them little); the STAT_SUBTESTS distribution subtests share the
+# rest, DIST_ALPHA each.
+INDEPENDENCE_ALPHA = 1e-8
+INDEPENDENCE_TESTS = 2
 STAT_SUBTESTS = 8
+DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
 DIST_CONFIGS = {
     "temperature": SamplingParams(temperature=1.0),

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from mtpcheck.checks import logprob_problems, observations
-from mtpcheck.laws.stats import SUITE_ALPHA, pit_ks, rank_gtest, zero_probability_violations
+from mtpcheck.laws.stats import pit_ks, rank_gtest, zero_probability_violations
 
-from ._util import DIST_CONFIGS, STAT_SUBTESTS, request, seeded, spec_for
+from ._util import DIST_ALPHA, DIST_CONFIGS, request, seeded, spec_for
 
-ALPHA = SUITE_ALPHA / STAT_SUBTESTS
+ALPHA = DIST_ALPHA
 
 
 @pytest.fixture(scope="module")
