@@ -7,6 +7,7 @@ the report's accept counts and target_distributions as ground truth."""
 import numpy as np
 import pytest
 
+from mtpcheck import scheduling as S
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.laws.independence import (
     acceptance_series,
@@ -70,11 +71,22 @@ def test_seeded_output_does_not_depend_on_request_history(mtp_backend, mtp_capab
                 mtp_backend.generate(h)
             again = mtp_backend.generate(req).tokens
             if again != first:
-                at = next((j for j, (x, y) in enumerate(zip(first, again, strict=False)) if x != y),
-                          min(len(first), len(again)))
-                problems.append(f"prompt {i}, seed {sp.seed}: after [{name}] the output differs from its first run "
-                                f"at token {at} ({first[at:at + 3]} vs {again[at:at + 3]})")
+                problems.append(_differs(i, sp.seed, name, first, again))
+        if mtp_capabilities.scheduler:  # served among concurrent requests of other controls and seeds
+            session = S.open_session(mtp_backend)
+            others = [h for hs in _histories(rotated, sp, sp.seed, mtp_capabilities).values() for h in hs][:3]
+            ids = [session.submit(r) for r in [others[0], req, *others[1:]]]
+            S.run_all(session)
+            again = session.outcome(ids[1]).tokens
+            if again != first:
+                problems.append(_differs(i, sp.seed, "concurrent requests", first, again))
     assert not problems, "a seeded request's output depends on the requests served before it: " + "; ".join(problems[:4])
+
+
+def _differs(i, seed, name, first, again) -> str:
+    at = next((j for j, (x, y) in enumerate(zip(first, again, strict=False)) if x != y), min(len(first), len(again)))
+    return (f"prompt {i}, seed {seed}: after [{name}] the output differs from its first run at token {at} "
+            f"({first[at:at + 3]} vs {again[at:at + 3]})")
 
 
 # -- SEED-INDEPENDENT ---------------------------------------------------------------------
