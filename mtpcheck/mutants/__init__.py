@@ -111,6 +111,8 @@ ZOO: list[Mutant] = [
            ("DIST-ZERO", "DIST-EQUIV", "TRACE-ACCEPT"), _zoo("target_filters_dropped")),
     Mutant("draft-sampler-unprocessed", "B02", "the drafter samples the raw softmax but reports the processed q",
            ("TRACE-ACCEPT", "GREEDY-EQUIV", "DIST-ZERO", "DIST-EQUIV"), _zoo("draft_sampler_unprocessed")),
+    Mutant("draft-law-unfiltered", "B02", "proposals drawn with top-k/top-p/min-p, reported to verification without them",
+           ("TRACE-ACCEPT",), _zoo("draft_law_unfiltered")),
     Mutant("argmax-verification", "B03", "T > 0 verified by argmax: accept iff the proposal is the target's mode",
            ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("argmax_verification")),
     Mutant("unnormalised-residual", "B04", "residual (p-q)+ sampled unnormalised, leftover to the mode",

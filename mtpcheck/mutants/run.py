@@ -41,6 +41,7 @@ DIST_CONFIG = {
     "draft-sampler-unprocessed": "top_k",
     "residual-softmax": "top_k",
     "confident-draft-accepted": "top_k",
+    "draft-law-unfiltered": "top_k",
 }
 
 
