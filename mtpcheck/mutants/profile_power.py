@@ -36,32 +36,62 @@ DEFAULT = [("draft-law-unfiltered", "top_k"), ("draft-law-unfiltered", "top_p"),
            ("confident-draft-accepted", "top_k")]
 
 
-def _pool(args):
-    from .power import pool
+def pool(name: str | None, config: str, generations: int, seed0: int, max_tokens: int = 64, base: str = "toy") -> dict:
+    """As mutants.power.pool, on any base backend (toy, or mlx: the reference fixture)."""
+    from mtpcheck.backends import load_backend
+    from mtpcheck.checks import fixture_prompts
+    from mtpcheck.mutants import load_mutant
+    from mtpcheck.suite._util import DIST_CONFIGS, request, seeded
 
-    name, config, size, cache = args
-    path = Path(cache) / f"{name}-{config}-{size}.pkl"
+    backend = load_mutant(name, base) if name and name != "correct" else load_backend(base, {})
+    prompts = list(fixture_prompts(backend).values())
+    sp0 = DIST_CONFIGS[config]
+    gens, accepted, drafted = [], 0, 0
+    for r in range(generations):
+        prompt = prompts[r % len(prompts)]
+        res = backend.generate(request(prompt, max_tokens, seeded(sp0, seed0 + r), {"mode": "native_mtp", "num_draft_tokens": 3}))
+        gens.append((np.array(res.tokens), np.asarray(backend.target_distributions(prompt, res.tokens, sp0))))
+        accepted, drafted = accepted + res.speculation.accepted, drafted + res.speculation.drafted
+    return {"name": name or "correct", "gens": gens, "acceptance": accepted / max(drafted, 1)}
+
+
+def _pool(args):
+    name, config, size, cache, *rest = args
+    base = rest[0] if rest else "toy"
+    path = Path(cache) / f"{name}-{config}-{size}{'' if base == 'toy' else '-' + base}.pkl"
     if path.exists():
         return pickle.loads(path.read_bytes())
     t0 = time.process_time()
-    p = pool(name, config, size, 50_000_000, max_tokens=64)
-    p["config"], p["cpu_s"] = config, time.process_time() - t0
+    p = pool(name, config, size, 50_000_000, max_tokens=64, base=base)
+    p["config"], p["cpu_s"], p["base"] = config, time.process_time() - t0, base
     path.write_bytes(pickle.dumps(p))
     return p
 
 
-def detection(pl: dict, runs: int, tokens: int, reps: int, alpha: float, seed: int = 7) -> float:
+def detection(pl: dict, runs: int, tokens: int, reps: int, alpha: float, seed: int = 7,
+              escalate: bool = False) -> float:
+    """Detection rate of DIST-EQUIV; with `escalate`, as the suite runs it:
+    stage 1 at alpha/2, and on a p-value <= SUSPICIOUS the sample grown
+    ESCALATE-fold (the stage-1 generations kept) at alpha/2."""
     from mtpcheck.laws.stats import ObservationBatch, pit_ks, rank_gtest
+    from mtpcheck.suite.test_distribution import ESCALATE, SUSPICIOUS
 
     rng = np.random.default_rng(seed)
     gens = pl["gens"]
+
+    def test(pick, a, r):
+        obs = ObservationBatch(np.concatenate([gens[i][0][:tokens] for i in pick]),
+                               np.concatenate([gens[i][1][:tokens] for i in pick]))
+        g, ks = rank_gtest(obs, alpha=a), pit_ks(obs, rng_seed=r, alpha=a)
+        return g.passed and ks.passed, min(g.p_value, ks.p_value)
+
     hits = 0
     for r in range(reps):
-        pick = rng.choice(len(gens), size=runs, replace=runs > len(gens))
-        t = np.concatenate([gens[i][0][:tokens] for i in pick])
-        p = np.concatenate([gens[i][1][:tokens] for i in pick])
-        obs = ObservationBatch(t, p)
-        hits += not (rank_gtest(obs, alpha=alpha).passed and pit_ks(obs, rng_seed=r, alpha=alpha).passed)
+        order = rng.permutation(len(gens)) if len(gens) >= ESCALATE * runs else rng.choice(len(gens), ESCALATE * runs)
+        passed, p = test(order[:runs], alpha / 2 if escalate else alpha, r)
+        if escalate and passed and p <= SUSPICIOUS:
+            passed, _ = test(order[: ESCALATE * runs], alpha / 2, r + 10_000)
+        hits += not passed
     return hits / reps
 
 
@@ -74,9 +104,12 @@ def render(rows: list[dict], meta: dict) -> str:
              f"thorough 300 x 64); detected when the rank G-test or PIT-KS rejects at DIST_ALPHA = {meta['alpha']:.3g}; "
              f"{meta['reps']} runs per cell. Where the pool is not much larger than the run, runs share most "
              f"generations and the figure is nearly a single run's outcome (marked *).", "",
+             "Each cell: detection rate without escalation / with it (stage 1 at alpha/2; a p-value <= 1e-3 grows the "
+             "sample four-fold, drawn with replacement when the pool is smaller).", "",
              "| mutant | config | pool gens (tokens) | acc | rank TV (pool) | ci | dev | thorough |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cells = [f"{r[p]:.2f}" + ("*" if r['pool'] < 2 * n else "") for p, n in (("ci", 40), ("dev", 80), ("thorough", 300))]
+        cells = [f"{r[p]:.2f} / {r[p + '+esc']:.2f}" + ("*" if r['pool'] < 2 * n else "")
+                 for p, n in (("ci", 40), ("dev", 80), ("thorough", 300))]
         lines.append(f"| `{r['name']}` | {r['config']} | {r['pool']} ({r['tokens']}) | {r['acceptance']:.2f} | "
                      f"{r['rank_tv']:.3f} | " + " | ".join(cells) + " |")
     lines += ["", END]
@@ -112,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                "tokens": int(sum(len(t) for t, _ in pl["gens"])), "acceptance": pl["acceptance"], "rank_tv": tv}
         for prof, runs, toks in (("ci", 40, 48), ("dev", 80, 48), ("thorough", 300, 64)):
             row[prof] = detection(pl, runs, toks, args.reps, DIST_ALPHA)
+            row[prof + "+esc"] = detection(pl, runs, toks, args.reps, DIST_ALPHA, escalate=True)
         rows.append(row)
         print(row, flush=True)
     meta = {"alpha": DIST_ALPHA, "reps": args.reps, "wall_s": time.perf_counter() - t0}
