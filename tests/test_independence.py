@@ -100,3 +100,14 @@ def test_a_draft_on_the_targets_uniform_is_found_and_an_independent_one_is_not()
     bound = p.max(axis=1)
     assert not coincidence_test("t", {"x": (shared, bound)}, 5e-9).passed
     assert coincidence_test("t", {"x": (independent, bound)}, 5e-9).passed
+
+
+def test_the_run_budget_adds_up_to_at_most_1e_6():
+    """Union bound over every statistical subtest of a run: the independence
+    tests and the two stages of each distribution subtest."""
+    from mtpcheck.laws.stats import SUITE_ALPHA
+    from mtpcheck.suite._util import DIST_ALPHA, INDEPENDENCE_ALPHA, INDEPENDENCE_TESTS, STAT_SUBTESTS
+    from mtpcheck.suite.test_distribution import STAGE1, STAGE2
+
+    assert STAGE1 + STAGE2 <= DIST_ALPHA * (1 + 1e-12)
+    assert INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + STAT_SUBTESTS * (STAGE1 + STAGE2) <= SUITE_ALPHA * (1 + 1e-12)

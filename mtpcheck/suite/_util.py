@@ -12,7 +12,7 @@ from mtpcheck.laws.stats import SUITE_ALPHA
 # rest, DIST_ALPHA each.
 INDEPENDENCE_ALPHA = 1e-8
 INDEPENDENCE_TESTS = 2
-STAT_SUBTESTS = 8
+STAT_SUBTESTS = 12  # rank G-test and PIT-KS for each of the six DIST_CONFIGS
 DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
 DIST_CONFIGS = {
@@ -20,6 +20,9 @@ DIST_CONFIGS = {
     "top_k": SamplingParams(temperature=0.8, top_k=8),
     "top_p": SamplingParams(temperature=1.0, top_p=0.8),
     "min_p": SamplingParams(temperature=1.2, min_p=0.05),
+    # temperatures without filters (issue 12): a bug in tempering shows where T != 1
+    "temp_0_7": SamplingParams(temperature=0.7),
+    "temp_1_3": SamplingParams(temperature=1.3),
 }
 
 
