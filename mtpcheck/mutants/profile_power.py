@@ -115,6 +115,19 @@ def render(rows: list[dict], meta: dict) -> str:
                  for p, n in (("ci", 40), ("dev", 80), ("thorough", 300))]
         lines.append(f"| `{r['name']}` | {r['base']} | {r['config']} | {r['pool']} ({r['tokens']}) | {r['acceptance']:.2f} | "
                      f"{r['rank_tv']:.3f} | " + " | ".join(cells) + " |")
+    goal = [r for r in rows if r["name"] == "draft-law-unfiltered"]
+    if goal:
+        best = max(goal, key=lambda r: r["dev+esc"])
+        met = best["dev+esc"] >= 0.9
+        lines += ["", f"**Goal of issue 12** (the draft law reported without its top-k/top-p filter, a per-position "
+                  f"TV of 0.04-0.07 as the issue measured it, caught black-box with power >= 0.9 at `dev`): "
+                  f"**{'met' if met else 'not met'}**. Best `dev` detection with escalation: {best['dev+esc']:.2f} "
+                  f"({best['base']}, {best['config']}); at `thorough`: "
+                  + ", ".join(f"{r['base']}/{r['config']} {r['thorough+esc']:.2f}" for r in goal) + ". "
+                  "In rank space (what the G-test and PIT-KS see, pooled over contexts) the bias shows as a rank-bin "
+                  "TV of " + ", ".join(f"{r['rank_tv']:.3f}" for r in goal) + " over whole pools of 11-12k tokens: "
+                  "pooling by rank cancels most of a per-context tilt towards the draft's favourites, and escalation "
+                  "cannot recover what the statistic does not see (docs/statistics.md, 'Power from output alone')."]
     lines += ["", END]
     return "\n".join(lines)
 
@@ -132,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from mtpcheck.suite._util import DIST_ALPHA
 
-    from .power import rank_tv
+    from .power import rank_tv as _rank_tv
+
+    def rank_tv(gens):  # a pool with a zero-probability token has no bins to compare: the G-test fails outright
+        try:
+            return _rank_tv(gens)
+        except KeyError:
+            return float("nan"), 0
 
     t0 = time.perf_counter()
     pairs = [tuple(s.split(":")) for s in args.names] if args.names else DEFAULT
