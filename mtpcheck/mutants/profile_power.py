@@ -107,12 +107,14 @@ def render(rows: list[dict], meta: dict) -> str:
              f"{meta['reps']} runs per cell. Where the pool is not much larger than the run, runs share most "
              f"generations and the figure is nearly a single run's outcome (marked *).", "",
              "Each cell: detection rate without escalation / with it (stage 1 at alpha/2; a p-value <= 1e-3 grows the "
-             "sample four-fold, drawn with replacement when the pool is smaller).", "",
+             "sample four-fold, drawn with replacement when the pool is smaller). †: the escalated sample is larger "
+             "than the pool, so it repeats generations and the escalated figure overstates power (an upper bound); "
+             "the figure without escalation is unaffected.", "",
              "| mutant | backend | config | pool gens (tokens) | acc | rank TV (pool) | ci | dev | thorough |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [f"{r[p]:.2f} / {r[p + '+esc']:.2f}" + ("*" if r['pool'] < 2 * n else "")
-                 for p, n in (("ci", 40), ("dev", 80), ("thorough", 300))]
+                 + ("†" if r['pool'] < 4 * n else "") for p, n in (("ci", 40), ("dev", 80), ("thorough", 300))]
         lines.append(f"| `{r['name']}` | {r['base']} | {r['config']} | {r['pool']} ({r['tokens']}) | {r['acceptance']:.2f} | "
                      f"{r['rank_tv']:.3f} | " + " | ".join(cells) + " |")
     goal = [r for r in rows if r["name"] == "draft-law-unfiltered"]
@@ -142,7 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default="/tmp/mtpcheck-profile-power")
     ap.add_argument("--names", nargs="*", help="mutant:config pairs (default: every distribution mutant)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "power.md"))
+    ap.add_argument("--rows", help="render these rows (JSON list, as a run saves in the cache) instead of measuring")
     args = ap.parse_args(argv)
+    if args.rows:
+        import json
+
+        saved = json.loads(Path(args.rows).read_text())
+        _write(Path(args.out), render(saved["rows"], saved["meta"]))
+        return 0
     from mtpcheck.suite._util import DIST_ALPHA
 
     from .power import rank_tv as _rank_tv
@@ -171,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(row, flush=True)
     meta = {"alpha": DIST_ALPHA, "reps": args.reps, "wall_s": time.perf_counter() - t0}
-    out = Path(args.out)
+    import json
+
+    (Path(args.cache) / "rows.json").write_text(json.dumps({"rows": rows, "meta": meta}))
+    _write(Path(args.out), render(rows, meta))
+    return 0
+
+
+def _write(out: Path, section: str) -> None:
     text = out.read_text()
-    section = render(rows, meta)
-    text = text[: text.index(START)] + section + text[text.index(END) + len(END):] if START in text else text.rstrip() + "\n\n" + section + "\n"
+    text = (text[: text.index(START)] + section + text[text.index(END) + len(END):] if START in text
+            else text.rstrip() + "\n\n" + section + "\n")
     out.write_text(text)
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
