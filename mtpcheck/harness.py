@@ -125,22 +125,32 @@ class Guarded:
         return self._caps
 
     def generate(self, req: GenerationRequest, expect: tuple[type[BaseException], ...] = ()) -> GenerationResult:
-        raw = self._call("generate", req, expect=expect)
+        return self._validated(req, self._call("generate", req, expect=expect))
+
+    def _validated(self, req: GenerationRequest, raw, what: str = "generate()") -> GenerationResult:
         try:
             res = raw if isinstance(raw, GenerationResult) else GenerationResult.model_validate(raw)
         except pydantic.ValidationError as exc:
-            raise BackendGarbage(f"generate() returned an invalid GenerationResult: {str(exc)[:400]}") from exc
+            raise BackendGarbage(f"{what} returned an invalid GenerationResult: {str(exc)[:400]}") from exc
         V = self.capabilities().vocab_size
         bad = [t for t in res.tokens if not 0 <= t < V]
         if bad:
-            raise BackendGarbage(f"generate() returned token ids outside the vocabulary (size {V}): {bad[:5]}")
+            raise BackendGarbage(f"{what} returned token ids outside the vocabulary (size {V}): {bad[:5]}")
         if not res.tokens:
-            raise BackendGarbage("generate() returned no tokens (max_tokens >= 1)")
+            raise BackendGarbage(f"{what} returned no tokens (max_tokens >= 1)")
         if len(res.tokens) > req.max_tokens:
-            raise BackendGarbage(f"generate() returned {len(res.tokens)} tokens, max_tokens was {req.max_tokens}")
+            raise BackendGarbage(f"{what} returned {len(res.tokens)} tokens, max_tokens was {req.max_tokens}")
         if res.logprobs is not None and len(res.logprobs) != len(res.tokens):
             raise BackendGarbage(f"{len(res.logprobs)} logprobs for {len(res.tokens)} tokens")
         return res
+
+    def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        """Capability generate_batch: one call, results validated as generate()'s."""
+        raw = self._call("generate_batch", list(reqs))
+        if not isinstance(raw, (list, tuple)) or len(raw) != len(reqs):
+            raise BackendGarbage(f"generate_batch() returned {type(raw).__name__} of length "
+                                 f"{len(raw) if hasattr(raw, '__len__') else '?'} for {len(reqs)} requests")
+        return [self._validated(req, r, "generate_batch()") for req, r in zip(reqs, raw, strict=True)]
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         raw = self._call("target_distributions", list(prompt), list(continuation), sampling)

@@ -188,7 +188,7 @@ class MlxLmBackend(LibraryBackend):
             kwargs["logits_processors"] = penalty_processors(sp, context, sample_utils)
         eos = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         prompt = mx.array(request.prompt_tokens, dtype=mx.uint32)
-        mx.random.seed(seed % 2**32)
+        mx.random.seed(seed)
         counter = RoundCounter(depth, request.max_tokens)
         if used:
             raw = gen.speculative_generate_step(prompt, self.model, self.draft_model, num_draft_tokens=depth, **kwargs)

@@ -205,7 +205,7 @@ class MlxVlmBackend(LibraryBackend):
             self.drafter.accept_lens, self.drafter.draft_lens = [], []
         eos = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         prompt = mx.array([request.prompt_tokens], dtype=mx.int32)
-        mx.random.seed(seed % 2**32)  # the drafter's proposals (and a composed sampler) use the global stream
+        mx.random.seed(seed)  # the drafter's proposals (and a composed sampler) use the global stream
         stream = gen.generate_step(prompt, self.model, None, None, **kwargs)
         try:
             out = yield from drive_chunks(stream, request, eos, self.decode)

@@ -56,12 +56,18 @@ class ReferenceBackend:
             constraints=True,
             checkpoint_evidence=bool(self.folders),
             context_length=self.context_length,
+            generate_batch=True,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         check_prompt_length(request.prompt_tokens, self.context_length)
         return self.engine.generate(request)
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Capability generate_batch. The engine computes one request at a time,
+        so this is generate() in order: the protocol, not a speed-up."""
+        return [self.engine.generate(r) for r in requests]
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         import mlx.core as mx

@@ -229,6 +229,10 @@ class Capabilities(_Strict):
     lookahead: bool = False
     constraints: bool = False
     checkpoint_evidence: bool = Field(False, description="checkpoints() gives the target/assistant folders it runs")
+    generate_batch: bool = Field(
+        False, description="generate_batch(requests) serves several requests at once and returns their results in"
+        " order, each as generate() would; the statistical clauses then draw their samples through it",
+    )
     near_tie_logit_gap: float = Field(
         1e-3, ge=0.0, le=1.0,
         description="GREEDY-EQUIV excuses a greedy divergence only where the target's top-2 logit gap, log(p1/p2)"

@@ -154,7 +154,8 @@ def render(suite_runs: list[dict], null_runs: list[dict], meta: dict) -> str:
                     if x["outcome"] in ("failed", "error")]
         errors = [r for r in suite_runs if r["error"]]
         lines += ["## Correct backends pass", "",
-                  f"The whole suite, profile `ci`, against the reference engine on toy models, {len(seeds)} base seeds "
+                  (f"A reduced run: clauses {', '.join(meta['clauses'])} only" if meta.get("clauses") else "The whole suite")
+                  + f", profile `ci`, against the reference engine on toy models, {len(seeds)} base seeds "
                   f"(`--mtp-seed` {seeds[0]}..{seeds[-1]}), {len(suite_runs)} suite runs: "
                   f"**{len(failures)} clause failures, {len(errors)} runner errors**.", "",
                   "Lookahead on and off runs inside every run (the scheduler clauses drive each request with lookahead "
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-suite", action="store_true")
     p.add_argument("--skip-null", action="store_true")
     p.add_argument("--configs", help="comma-separated subset of: " + ", ".join(CONFIGS))
+    p.add_argument("--clauses", help="comma-separated clause ids (a reduced run; default: every clause)")
     p.add_argument("--out", default=str(ROOT / "docs" / "calibration.md"))
     p.add_argument("--json", help="also write the raw runs as JSON")
     p.add_argument("--reuse", action="append", default=[], metavar="JSON",
@@ -233,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     configs = {k: CONFIGS[k.strip()] for k in args.configs.split(",")} if args.configs else CONFIGS
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    suite_runs = [] if args.skip_suite else suite_calibration(seeds, args.jobs, not args.every_seed, configs)
+    clauses = [c.strip() for c in args.clauses.split(",")] if args.clauses else None
+    suite_runs = [] if args.skip_suite else suite_calibration(seeds, args.jobs, not args.every_seed, configs,
+                                                              clauses=clauses)
     null_runs = [] if args.skip_null else null_calibration(args.null_runs, args.generations, args.jobs)
     earlier = 0.0
     for path in args.reuse:
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         earlier += old["meta"]["wall_s"]
         args.generations = old["meta"]["generations"] if old["null"] else args.generations
     meta = {"cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0 + earlier, "generations": args.generations,
-            "seed_free_once": not args.every_seed}
+            "seed_free_once": not args.every_seed, "clauses": clauses}
     Path(args.out).write_text(render(suite_runs, null_runs, meta))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "suite": suite_runs, "null": null_runs}, indent=1) + "\n")

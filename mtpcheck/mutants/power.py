@@ -393,11 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", help="pickle the measured parts here")
     ap.add_argument("--reuse", help="a --save pickle whose parts fill in the skipped ones")
     args = ap.parse_args(argv)
-    from mtpcheck.laws.stats import SUITE_ALPHA
-    from mtpcheck.suite._util import STAT_SUBTESTS
+    from mtpcheck.suite._util import DIST_ALPHA
 
     t0 = time.perf_counter()
-    alpha = SUITE_ALPHA / STAT_SUBTESTS
+    alpha = DIST_ALPHA
     engine_rows, side = [], None
     if not args.skip_engine:
         names = [*ENGINE_MUTANTS, None]

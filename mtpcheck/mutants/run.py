@@ -34,13 +34,14 @@ KILLED = ("failed", "error")
 # The samples of the distribution clauses cost ~10 s per sampling configuration on
 # the toy backend (more under load). The zoo draws one of the four per mutant:
 # temperature alone, unless the bug shows only under another one.
-DIST_CONFIGS = ("temperature", "top_k", "top_p", "min_p")
+DIST_CONFIGS = ("temperature", "top_k", "top_p", "min_p", "temp_0_7", "temp_1_3")
 DIST_CONFIG = {
     "one-sided-temperature": "min_p",  # T = 1.2: the target left at T = 1 differs (T = 1 itself hides it)
     "target-filters-dropped": "top_k",  # filters: tokens outside the target's support
     "draft-sampler-unprocessed": "top_k",
     "residual-softmax": "top_k",
     "confident-draft-accepted": "top_k",
+    "draft-law-unfiltered": "top_k",
 }
 
 

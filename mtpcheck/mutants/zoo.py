@@ -31,7 +31,14 @@ from mtpcheck.engine.cache import trim_cache
 from mtpcheck.engine.constraints import FREE, masked
 from mtpcheck.engine.decode import Engine, Plan
 from mtpcheck.engine.draft import AssistantDrafter, DraftBlock, MtpDrafter
-from mtpcheck.engine.sampling import STREAM_ACCEPT, process, sample
+from mtpcheck.engine.sampling import (
+    STREAM_ACCEPT,
+    STREAM_DRAFT,
+    STREAM_TARGET,
+    process,
+    sample,
+    uniform,
+)
 
 PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
@@ -132,6 +139,22 @@ class UnprocessedDraftSampler:
 
 def draft_sampler_unprocessed(engine):
     with_drafters(engine, UnprocessedDraftSampler)
+
+
+class UnfilteredDraftLaw:
+    """The drafter samples from its processed law q (top-k / top-p / min-p
+    applied) but hands verification the law at temperature only, without
+    the filters: acceptance min(1, p/q') and the residual use the wrong q.
+    A per-position bias of TV 0.04-0.07 at top-k / top-p (issue 12)."""
+
+    def draw(self, logits, sp, history, seed, pos, cursor):
+        tok, q, u = super().draw(logits, sp, history, seed, pos, cursor)
+        loose = sp.model_copy(update={"top_k": None, "top_p": None, "min_p": None})
+        return tok, process(masked(np.array(logits, dtype=np.float64), cursor.mask), loose, history), u
+
+
+def draft_law_unfiltered(engine):
+    with_drafters(engine, UnfilteredDraftLaw)
 
 
 # -- B03 argmax verification at T > 0 -----------------------------------------------------
@@ -462,6 +485,72 @@ class UnseededAcceptance(Engine):
 
 def unseeded_acceptance(engine):
     become(engine, UnseededAcceptance)
+
+
+# -- B12 random streams that are not independent (seed 000) ------------------------------------
+
+
+class KeyedDraw:
+    """The drafter draws its uniform through the engine's `uniform` (where the
+    mutants below put their key derivation), keyed by `draft_seed` when set."""
+
+    engine: Engine  # class attribute, set by with_drafters
+    draft_seed: int | None = None
+
+    def draw(self, logits, sp, history, seed, pos, cursor):
+        q = process(masked(np.array(logits, dtype=np.float64), cursor.mask), sp, history)
+        u = self.engine.uniform(seed if self.draft_seed is None else self.draft_seed, STREAM_DRAFT, pos)
+        return sample(q, u), q, u
+
+
+class SeedPlusPosition(Engine):
+    """The careless key: seed and position are added before hashing, so seed
+    s + d replays seed s's draws d positions later (every stream)."""
+
+    def uniform(self, seed, stream, position):
+        return uniform(seed + position, stream, 0)
+
+
+def seed_plus_position(engine):
+    become(engine, SeedPlusPosition)
+    with_drafters(engine, KeyedDraw, attrs={"engine": engine})
+
+
+class StaleDraftSeed(Engine):
+    """The draft sampler is cached across requests and rebuilt only when the
+    sampling controls change; a new seed alone keeps the key it was built
+    with. A request repeated back to back repeats; after another request
+    with the same controls and another seed it drafts with that seed."""
+
+    cached: tuple | None = None  # (controls without the seed, draft seed)
+
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        controls = req.sampling.model_copy(update={"seed": None})
+        if self.cached is None or self.cached[0] != controls:
+            self.cached = (controls, st.seed)
+        if st.drafter is not None:
+            st.drafter.draft_seed = self.cached[1]
+        return st
+
+
+def stale_draft_seed(engine):
+    become(engine, StaleDraftSeed)
+    with_drafters(engine, KeyedDraw, attrs={"engine": engine})
+
+
+class DraftReusesTargetStream(Engine):
+    """Draft proposals use the target's uniform of their position: under
+    exact-match acceptance the output is unchanged, and a drafter close to
+    the target agrees with the target's draw far too often."""
+
+    def uniform(self, seed, stream, position):
+        return super().uniform(seed, STREAM_TARGET if stream == STREAM_DRAFT else stream, position)
+
+
+def draft_stream_is_target_stream(engine):
+    become(engine, DraftReusesTargetStream)
+    with_drafters(engine, KeyedDraw, attrs={"engine": engine})
 
 
 # -- B13 lossy acceptance knobs ---------------------------------------------------------------

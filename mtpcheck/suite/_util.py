@@ -5,16 +5,26 @@ from __future__ import annotations
 import pytest
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams
+from mtpcheck.laws.stats import SUITE_ALPHA
 
-# Statistical subtests in the whole suite; each gets SUITE_ALPHA / STAT_SUBTESTS
-# so that a run's false-failure probability stays <= 1e-6 (Bonferroni).
-STAT_SUBTESTS = 8
+# The run's false-failure budget SUITE_ALPHA = 1e-6, split by a union bound:
+# SEED-INDEPENDENT and SEED-STREAMS-INDEPENDENT get INDEPENDENCE_ALPHA each
+# (their e-value tests win by orders of magnitude when they fire, so a small
+# share costs them little); the STAT_SUBTESTS distribution subtests share the
+# rest, DIST_ALPHA each.
+INDEPENDENCE_ALPHA = 1e-8
+INDEPENDENCE_TESTS = 2
+STAT_SUBTESTS = 12  # rank G-test and PIT-KS for each of the six DIST_CONFIGS
+DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
 DIST_CONFIGS = {
     "temperature": SamplingParams(temperature=1.0),
     "top_k": SamplingParams(temperature=0.8, top_k=8),
     "top_p": SamplingParams(temperature=1.0, top_p=0.8),
     "min_p": SamplingParams(temperature=1.2, min_p=0.05),
+    # temperatures without filters (issue 12): a bug in tempering shows where T != 1
+    "temp_0_7": SamplingParams(temperature=0.7),
+    "temp_1_3": SamplingParams(temperature=1.3),
 }
 
 

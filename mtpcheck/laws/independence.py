@@ -1,0 +1,142 @@
+"""Independence of random streams, judged from emitted tokens alone.
+
+Seed 000: "Target and draft random streams are independent." Two black-box
+consequences are tested here, both by counting *coincidences* whose
+conditional probability under independence is known (or bounded) at each
+step from the processed target laws:
+
+* `agreement_series` - under two different seeds, the token emitted at
+  position n + lag of one run equals the token at position n of the other.
+  Independent runs agree with probability `sum_x pA(x) pB(x)` given both
+  prefixes; shared draws (seed + position keys, truncated seeds, ...) make
+  them agree far more often.
+* `closeness_series` - the same pairs of positions, through randomized PIT
+  values (`pit_values`): under a lossless sampler each run's PIT values are
+  i.i.d. U(0, 1) and two independent runs' are independent, so two of them
+  lie within delta of each other with probability 2 delta - delta^2
+  exactly. A sampler that inverts the cdf with a shared uniform puts both
+  PIT values next to that uniform even where the laws (and so the tokens)
+  differ: far more power than token agreement on such samplers, while
+  agreement covers samplers that share noise some other way (Gumbel-max).
+* `acceptance_series` - with exact-match acceptance a proposal is accepted
+  iff it equals the target's own draw. A draft drawn independently of the
+  target's randomness equals it with probability `sum_x q(x) p(x) <= max p`,
+  whatever the draft law q; a draft that reuses the target's uniform lands
+  on the target's draw far more often.
+
+`coincidence_test` turns such series into a test with a known null and no
+asymptotics: for each lambda of a grid, `prod exp(lambda h) / (1 - pi +
+pi e^lambda)` over the series is a nonnegative (super)martingale with
+expectation <= 1 under the null whatever the dependence of pi on the past
+(pi is predictable: it depends only on tokens revealed before). Averages of
+such e-values over the grid and over series are e-values again, and
+Markov's inequality gives P(E >= 1/alpha) <= alpha. So p = min(1, 1/E) is a
+valid p-value, exact in the sense of needing no distributional
+approximation (conservative, never optimistic). See docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .stats import TestResult
+
+__all__ = ["LAMBDAS", "acceptance_series", "agreement_series", "closeness_series", "coincidence_test", "log_evalue",
+           "pit_values"]
+
+# Bets on "more coincidences than the null allows": small lambdas win on a
+# weak excess over many steps, large ones on a strong excess over few.
+LAMBDAS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def log_evalue(hits: np.ndarray, probs: np.ndarray, lambdas: Sequence[float] = LAMBDAS) -> float:
+    """log of the grid-averaged test martingale of one series. `probs[i]` is
+    the null probability (or an upper bound) of `hits[i] == 1` given the past."""
+    h = np.asarray(hits, dtype=np.float64)
+    pi = np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0)
+    if not len(h):
+        return 0.0
+    lam = np.asarray(lambdas, dtype=np.float64)[:, None]
+    logs = (lam * h[None] - np.log1p(pi[None] * np.expm1(lam))).sum(axis=1)
+    return float(logsumexp(logs) - math.log(len(lambdas)))
+
+
+def agreement_series(tokens_a: Sequence[int], laws_a: np.ndarray, tokens_b: Sequence[int], laws_b: np.ndarray,
+                     lag: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (a[n + lag], b[n]): hits = tokens agree, probs = sum_x pA(x) pB(x).
+    Walking n upwards, each pair's tokens are new (a[:lag] count as known at
+    the start), so the probability is predictable."""
+    a, b = np.asarray(tokens_a), np.asarray(tokens_b)
+    if lag < 0:
+        return agreement_series(tokens_b, laws_b, tokens_a, laws_a, -lag)
+    n = max(0, min(len(a) - lag, len(b)))
+    hits = (a[lag : lag + n] == b[:n]).astype(np.float64)
+    probs = np.einsum("nv,nv->n", np.asarray(laws_a)[lag : lag + n], np.asarray(laws_b)[:n])
+    return hits, probs
+
+
+def pit_values(tokens: Sequence[int], laws: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Randomized PIT in token-id order: F(x - 1) + V p(x), V ~ U(0, 1) from the
+    suite's own generator. Exactly U(0, 1) and i.i.d. along a run whose tokens
+    follow their laws (the PIT of a sequential process)."""
+    t = np.asarray(tokens, dtype=np.int64)
+    laws = np.asarray(laws, dtype=np.float64)
+    idx = np.arange(len(t))
+    below = np.cumsum(laws, axis=1)[idx, t] - laws[idx, t]
+    return below + laws[idx, t] * rng.random(len(t))
+
+
+def closeness_series(pit_a: np.ndarray, pit_b: np.ndarray, lag: int, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (a[n + lag], b[n]) of PIT values: hits = within delta, probs =
+    2 delta - delta^2 (two independent uniforms). Each value enters once per
+    lag, so the hits are i.i.d. under the null."""
+    if lag < 0:
+        return closeness_series(pit_b, pit_a, -lag, delta)
+    n = max(0, min(len(pit_a) - lag, len(pit_b)))
+    hits = (np.abs(np.asarray(pit_a)[lag : lag + n] - np.asarray(pit_b)[:n]) <= delta).astype(np.float64)
+    return hits, np.full(n, 2 * delta - delta * delta)
+
+
+def acceptance_series(n_tokens: int, laws: np.ndarray, accept_lens: Sequence[int], draft_lens: Sequence[int],
+                      first_token_from_prefill: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Exact-match proposals as trials, from the report and the emitted tokens:
+    round r tries proposals j = 0..min(a_r, d_r - 1) (each accepted one, then
+    the first rejected one), proposal j standing at output index e_r + j (e_r
+    tokens emitted before the round). hits = accepted, probs = max_x p(x) at
+    that index: the most an independent draft can match the target's draw."""
+    hits, probs = [], []
+    emitted = int(first_token_from_prefill)
+    for a, d in zip(accept_lens, draft_lens, strict=False):
+        for j in range(min(a + 1, d)):
+            i = emitted + j
+            if i >= n_tokens:
+                break
+            hits.append(1.0 if j < a else 0.0)
+            probs.append(float(np.max(laws[i])))
+        emitted += a + 1
+    return np.asarray(hits), np.asarray(probs)
+
+
+def coincidence_test(name: str, series: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float) -> TestResult:
+    """One test over several series (e.g. seed pairs x lags): E = mean of their
+    e-values (valid under any dependence between series), p = min(1, 1/E).
+    `details` names each series' hits against their null expectation."""
+    if not series:
+        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+                          passed=True, note="no coincidence series")
+    series = {str(k): v for k, v in series.items()}
+    logs = {k: log_evalue(h, p) for k, (h, p) in series.items()}
+    log_e = float(logsumexp(list(logs.values())) - math.log(len(logs)))
+    p_value = float(min(1.0, math.exp(-log_e)))
+    n = int(sum(len(h) for h, _ in series.values()))
+    worst = max(logs, key=logs.get)
+    h, p = series[worst]
+    details = {k: {"n": len(series[k][0]), "hits": int(series[k][0].sum()), "expected": float(series[k][1].sum()),
+                   "log10_e": logs[k] / math.log(10)} for k in series}
+    note = f"strongest: {worst}, {int(h.sum())} coincidences where independence allows {p.sum():.1f} of {len(h)}"
+    return TestResult(name=name, alpha=alpha, n=n, statistic=log_e, p_value=p_value, df=0, detectable_tv=None,
+                      passed=p_value > alpha, note=note, details=details)

@@ -1,0 +1,118 @@
+"""mtpcheck.laws.independence: the coincidence tests hold their level under
+independence and fire on shared draws."""
+
+import numpy as np
+import pytest
+
+from mtpcheck.laws.independence import (
+    acceptance_series,
+    agreement_series,
+    closeness_series,
+    coincidence_test,
+    log_evalue,
+    pit_values,
+)
+
+
+def _laws(rng, n, V=12, conc=0.5):
+    return rng.dirichlet(np.full(V, conc), size=n)
+
+
+def _draw(laws, u):
+    """Inverse-cdf sampling, as the reference engine does."""
+    return np.minimum((np.cumsum(laws, axis=1) <= np.asarray(u)[:, None]).sum(axis=1), laws.shape[1] - 1)
+
+
+def test_agreement_series_aligns_lags_both_ways():
+    a, b = [1, 2, 3, 4], [2, 3, 4, 9]
+    la = lb = np.eye(10)[[1, 2, 3, 4]]
+    h, p = agreement_series(a, la, b, lb, 1)  # a[n+1] vs b[n]
+    assert h.tolist() == [1, 1, 1] and len(p) == 3
+    h, p = agreement_series(b, lb, a, la, -1)  # b[n] vs a[n+1]: the same pairs
+    assert h.tolist() == [1, 1, 1]
+    h, _ = agreement_series(a, la, b, lb, 0)
+    assert h.tolist() == [0, 0, 0, 0]
+
+
+def test_acceptance_series_reads_the_report_schedule():
+    # prefill token, then round 0: 2 of 3 accepted (+ correction), round 1: 3 of 3 (+ bonus)
+    laws = np.tile(np.array([0.5, 0.3, 0.2]), (9, 1))
+    h, p = acceptance_series(8, laws, [2, 3], [3, 3], first_token_from_prefill=True)
+    assert h.tolist() == [1, 1, 0, 1, 1, 1] and p.tolist() == [0.5] * 6
+    h, _ = acceptance_series(8, laws, [0], [3], first_token_from_prefill=False)
+    assert h.tolist() == [0]
+
+
+def test_evalue_of_an_empty_or_null_series_is_small():
+    assert log_evalue(np.zeros(0), np.zeros(0)) == 0.0
+    # hits exactly at their expectation: no evidence
+    assert log_evalue(np.array([1.0, 0, 0, 0]), np.full(4, 0.25)) < 0.5
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_the_level_holds_under_independence(alpha):
+    """Independent sequences with varying laws, series of token agreement and
+    PIT closeness at five lags: false alarms at most alpha (the e-value test
+    is conservative)."""
+    rng = np.random.default_rng(7)
+    runs, alarms = 300, 0
+    for _ in range(runs):
+        series = {}
+        la, lb = _laws(rng, 40), _laws(rng, 40)
+        ta, tb = _draw(la, rng.random(40)), _draw(lb, rng.random(40))
+        wa, wb = pit_values(ta, la, rng), pit_values(tb, lb, rng)
+        for lag in range(-2, 3):
+            series[f"t{lag}"] = agreement_series(ta, la, tb, lb, lag)
+            series[f"w{lag}"] = closeness_series(wa, wb, lag, 0.1)
+        alarms += not coincidence_test("t", series, alpha).passed
+    assert alarms / runs <= alpha + 3 * np.sqrt(alpha / runs)
+
+
+def test_pit_values_are_uniform():
+    rng = np.random.default_rng(1)
+    laws = _laws(rng, 4000)
+    w = pit_values(_draw(laws, rng.random(4000)), laws, rng)
+    assert abs(w.mean() - 0.5) < 0.02 and abs((w < 0.1).mean() - 0.1) < 0.02
+
+
+def test_shared_draws_between_seeds_are_found():
+    """Seed + position keys: run B's uniforms are run A's one position later.
+    The laws differ (so do most tokens); the PIT values still sit together."""
+    rng = np.random.default_rng(3)
+    u = rng.random(200)
+    la, lb = _laws(rng, 199), _laws(rng, 199)
+    ta, tb = _draw(la, u[1:]), _draw(lb, u[:-1])
+    wa, wb = pit_values(ta, la, rng), pit_values(tb, lb, rng)
+    series = {lag: closeness_series(wa, wb, lag, 0.1) for lag in range(-2, 3)}
+    assert not coincidence_test("t", series, 1e-8).passed
+    # the same laws with fresh uniforms pass
+    wb2 = pit_values(_draw(lb, rng.random(199)), lb, rng)
+    assert coincidence_test("t", {lag: closeness_series(wa, wb2, lag, 0.1) for lag in range(-2, 3)}, 1e-8).passed
+
+
+def test_a_draft_on_the_targets_uniform_is_found_and_an_independent_one_is_not():
+    rng = np.random.default_rng(5)
+    p = _laws(rng, 300, conc=1.0)
+    q = 0.8 * p + 0.2 * _laws(rng, 300, conc=1.0)  # a drafter close to the target
+    u = rng.random(300)
+    shared = (_draw(q, u) == _draw(p, u)).astype(float)
+    independent = (_draw(q, rng.random(300)) == _draw(p, u)).astype(float)
+    bound = p.max(axis=1)
+    assert not coincidence_test("t", {"x": (shared, bound)}, 5e-9).passed
+    assert coincidence_test("t", {"x": (independent, bound)}, 5e-9).passed
+
+
+def test_the_run_budget_adds_up_to_at_most_1e_6():
+    """Union bound over every statistical subtest of a run: the independence
+    tests and the two stages of each distribution subtest."""
+    from mtpcheck.laws.stats import SUITE_ALPHA
+    from mtpcheck.suite._util import (
+        DIST_ALPHA,
+        INDEPENDENCE_ALPHA,
+        INDEPENDENCE_TESTS,
+        STAT_SUBTESTS,
+    )
+    from mtpcheck.suite.test_distribution import STAGE1, STAGE2
+
+    assert STAGE1 + STAGE2 <= DIST_ALPHA * (1 + 1e-12)
+    assert INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + STAT_SUBTESTS * (STAGE1 + STAGE2) <= SUITE_ALPHA * (1 + 1e-12)
