@@ -148,9 +148,12 @@ def trace_problems(
     sp = req.sampling
     P = len(req.prompt_tokens)
     accept, law, rollback, bonus = [], [], [], []
-    committed = 1  # the prefill token precedes round 0
-    prev = None
-    for t in res.trace or []:
+    # a target law that is right before the first rejection and wrong after it
+    # points to state the rollback did not restore, not to logit processing
+    seen = {"first_rejection": None, "hint": None}
+
+    def one_round(t, committed: int, prev) -> None:
+        """Check one round at its committed offset; returning early never moves the offset."""
         tag = f"round {t.round}"
         k = len(t.proposals)
         ps = np.array(t.target_probs, dtype=np.float64)  # [k+1, V]
@@ -158,7 +161,7 @@ def trace_problems(
         au, tu = np.array(t.accept_uniforms), np.array(t.target_uniforms)
         if ps.shape[0] != k + 1 or qs.shape[0] != k or len(t.draft_uniforms) != k or len(tu) != k + 1:
             accept.append(f"{tag}: trace shapes disagree with {k} proposals")
-            continue
+            return
         # -- TRACE-ACCEPT: laws, proposals and decisions
         for j in range(k):
             if not _is_law(qs[j]) or not _is_law(ps[j]):
@@ -166,23 +169,31 @@ def trace_problems(
             elif _sample(qs[j], t.draft_uniforms[j]) != t.proposals[j]:
                 accept.append(f"{tag}: proposal {j} ({t.proposals[j]}) is not the draft law's sample at its uniform "
                               f"(got {_sample(qs[j], t.draft_uniforms[j])}): q is not the law it was drawn from")
-            accept += [f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp)]
+            accept.extend(f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp))
         for j in range(k + 1):
-            accept += [f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp)]
+            accept.extend(f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp))
         if ground_truth is not None:
             for j in range(min(len(t.committed), k + 1)):
                 row = committed + j
                 if row < len(ground_truth) and np.max(np.abs(ground_truth[row] - ps[j])) > 1e-4:
+                    r0 = seen["first_rejection"]
+                    if seen["hint"] is None:  # decided by the first mismatch of the trace
+                        seen["hint"] = (f"state not restored after round {r0}'s rejection (the target's KV or recurrent "
+                                        f"state still holds rejected proposals?): every law before it matches"
+                                        if r0 is not None else "one-sided processing of the target logits?")
+                    why = seen["hint"]
                     accept.append(f"{tag}: target law at position {j} differs from the teacher-forced target law "
-                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} (one-sided processing?)")
+                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} ({why})")
+        if t.accepted < k and seen["first_rejection"] is None:
+            seen["first_rejection"] = t.round
         if len(au) != k and rule_name == "rejection":
             accept.append(f"{tag}: {len(au)} acceptance uniforms for {k} proposals")
-            continue
+            return
         au_full = np.concatenate([au, np.zeros(max(0, k - len(au)))])
         v = rule.verify(ps, qs, t.proposals, au_full, tu)
         if v.accepted != t.accepted:
             accept.append(f"{tag}: {t.accepted} proposals accepted, the {rule_name} rule accepts {v.accepted}")
-            continue
+            return
         # -- TRACE-RESIDUAL-BONUS
         kind = "bonus" if t.accepted == k else "correction"
         if t.next_kind != kind:
@@ -220,7 +231,11 @@ def trace_problems(
         if kind == "bonus" and len(t.committed) == k + 1 and t.target_len_after != t.target_len_before + k + 1:
             bonus.append(f"{tag}: after full acceptance the cache holds {t.target_len_after - t.target_len_before} "
                          f"new entries, expected {k + 1} (the bonus stays uncached)")
-        committed += len(t.committed)
+    committed = 1  # the prefill token precedes round 0
+    prev = None
+    for t in res.trace or []:
+        one_round(t, committed, prev)
+        committed += len(t.committed)  # always: a wrong round must not shift the offset of the rounds after it
         prev = t
     if res.trace is not None and committed != len(res.tokens):
         rollback.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
