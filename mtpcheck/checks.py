@@ -37,6 +37,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "lookahead": lambda c: c.lookahead,
     "constraints": lambda c: c.constraints,
     "inspection": lambda c: c.checkpoint_evidence,
+    "streaming": lambda c: c.streaming,
 }
 
 
@@ -237,9 +238,71 @@ def trace_problems(
         one_round(t, committed, prev)
         committed += len(t.committed)  # always: a wrong round must not shift the offset of the rounds after it
         prev = t
+    if res.trace:
+        # every token event after the prefill's lies in some round's verify window: one published
+        # between two verifications (at draft time, say) was published before its token was verified
+        windows = {i for t in res.trace for i in t.events}
+        start = min(windows, default=len(res.events))
+        tokens = [i for i, e in enumerate(res.events) if isinstance(e, TokenEvent)]
+        prefill = [i for i in tokens if i < start][:1]  # the prefill token's event precedes round 0
+        outside = [i for i in tokens if i not in windows and i not in prefill]
+        if outside:
+            e = res.events[outside[0]]
+            rollback.append(f"{len(outside)} token events published outside every round's verify window, first: "
+                            f"event {outside[0]} (token {e.token} at index {e.index}), published before verification")
     if res.trace is not None and committed != len(res.tokens):
         rollback.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
     return {"TRACE-ACCEPT": accept, "TRACE-RESIDUAL-BONUS": law, "TRACE-ROLLBACK": rollback, "BONUS-UNCACHED": bonus}
+
+
+# -- publication ---------------------------------------------------------------
+
+
+def events_problems(res: GenerationResult) -> list[str]:
+    """EVENTS-COMMIT-ONLY over `GenerationResult.events`: the token events are
+    the emitted tokens, one per token, in order, none repeated or retracted,
+    none for a token the output does not hold (a rejected proposal)."""
+    toks = [(i, e) for i, e in enumerate(res.events) if isinstance(e, TokenEvent)]
+    out = []
+    for n, (i, e) in enumerate(toks):
+        if n >= len(res.tokens):
+            out.append(f"event {i}: token {e.token} at index {e.index} published after all {len(res.tokens)} emitted "
+                       f"tokens were (a proposal that was never emitted?)")
+        elif e.index != n or e.token != res.tokens[n]:
+            held = res.tokens[e.index] if 0 <= e.index < len(res.tokens) else None
+            what = ("a token the output does not hold there (a rejected proposal published before verification?)"
+                    if held != e.token else "out of order or published twice")
+            out.append(f"event {i}: token {e.token} at index {e.index} is token event {n}; the output's token {n} is "
+                       f"{res.tokens[n]}: {what}")
+        if out:
+            break  # the first wrong event; every later one is shifted by it
+    if not out and len(toks) != len(res.tokens):
+        out.append(f"{len(toks)} token events for {len(res.tokens)} emitted tokens: "
+                   f"tokens {res.tokens[len(toks):][:5]} were emitted without an event")
+    text = "".join(e.text for e in res.events if getattr(e, "kind", None) == "text")
+    if text != res.text:
+        out.append(f"text events concatenate to {text[:40]!r}, the result's text is {res.text[:40]!r}")
+    return out
+
+
+def stream_problems(chunks: list, final: list[int]) -> list[str]:
+    """EVENTS-COMMIT-ONLY over a stream: chunks concatenate to the final tokens
+    and no chunk carries a token the final output does not hold at that position."""
+    out, pos = [], 0
+    for c, chunk in enumerate(chunks):
+        for tok in chunk.tokens:
+            if pos >= len(final) or final[pos] != tok:
+                held = final[pos] if pos < len(final) else "nothing"
+                out.append(f"chunk {c} carries token {tok} at position {pos}; the final output holds {held} there "
+                           f"(a rejected proposal reached the caller?)")
+                return out  # later positions are shifted by it
+            pos += 1
+    if pos != len(final):
+        out.append(f"the stream carried {pos} tokens, the final output has {len(final)}")
+    ends = [c for c, ch in enumerate(chunks) if ch.finish_reason is not None]
+    if ends != [len(chunks) - 1]:
+        out.append(f"finish_reason set on chunks {ends} of {len(chunks)}; expected on the last chunk only")
+    return out
 
 
 # -- greedy ------------------------------------------------------------------

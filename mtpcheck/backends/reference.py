@@ -51,12 +51,23 @@ class ReferenceBackend:
             scheduler=True,
             lookahead="assistant" in kinds,
             constraints=True,
+            streaming=True,
             checkpoint_evidence=bool(self.folders),
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         return self.engine.generate(request)
+
+    def generate_stream(self, request: GenerationRequest):
+        """Capability `streaming`: one chunk per round, holding what that round
+        published (its token and text events), so a caller sees committed
+        tokens only, as they are committed."""
+        from mtpcheck.engine.events import stream_chunks
+
+        engine = self.engine
+        st = engine.start(request)
+        yield from stream_chunks(st, lambda: engine.step(st))
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         import mlx.core as mx

@@ -12,6 +12,7 @@ from .models import (
     SpeculationReport,
     SpeculationRequest,
     StopEvent,
+    StreamChunk,
     TextEvent,
     TokenEvent,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "SpeculationRequest",
     "SpeculationUnavailableError",
     "StopEvent",
+    "StreamChunk",
     "TextEvent",
     "TokenEvent",
 ]

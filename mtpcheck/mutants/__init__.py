@@ -26,6 +26,8 @@ class Mutant:
     apply: Callable  # engine -> None, mutating it in place (backend -> None when scope == "backend")
     options: dict[str, str] = field(default_factory=dict)  # base backend options the bug needs (drafter, twin, ...)
     scope: str = "engine"
+    # why output alone cannot show it (the black-box column lists these instead of requiring a kill)
+    invisible: str = ""
 
 
 def _zoo(function: str, **kwargs) -> Callable:
@@ -141,6 +143,10 @@ ZOO: list[Mutant] = [
            ("CONSTRAINT-ROLLBACK", "CONSTRAINT-EMIT", "CONSTRAINT-MASK"), _zoo("constraint_advanced_by_rejected")),
     Mutant("unmasked-drafter", "B09", "draft laws not masked by the constraint (the target's are)",
            ("CONSTRAINT-MASK",), _zoo("unmasked_drafter")),
+    Mutant("events-at-draft-time", "B09", "token events published for proposals when drafted, again at commit",
+           ("EVENTS-COMMIT-ONLY", "TRACE-ROLLBACK"), _zoo("events_at_draft_time")),
+    Mutant("stream-publishes-proposals", "B09", "the stream shows proposals when drafted; generate() is right",
+           ("STREAM-COMMIT-ONLY",), _zoo("stream_publishes_proposals"), scope="backend"),
     Mutant("stop-checked-per-block", "B10", "EOS and stop strings checked on the last token of a block only",
            ("STOP-IN-BLOCK",), _zoo("stop_checked_per_block"), TWIN),
     Mutant("counts-rejected-tail", "B11", "accepted counts include the rejected tail",
@@ -149,6 +155,8 @@ ZOO: list[Mutant] = [
            ("SCHED-CANCEL",), _zoo("counts_cancelled_round")),
     Mutant("uncounted-branch-discards", "B11", "lookahead tokens discarded after a rejection are not counted",
            ("LOOKAHEAD-STATS",), _zoo("uncounted_branch_discards")),
+    Mutant("additive-seed-key", "B12", "uniforms keyed by seed + position: neighbouring seeds share draws, shifted",
+           ("SEED-INDEPENDENT",), _zoo("additive_seed_key")),
     Mutant("shared-random-stream", "B12", "one random stream reseeded per request (mlx-lm style)",
            ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"), _zoo("shared_random_stream")),
     Mutant("unseeded-acceptance", "B12", "acceptance uniforms from an unseeded generator",
@@ -191,10 +199,16 @@ ZOO: list[Mutant] = [
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
 
+# Clauses a mutant declares that another branch of issue 12 adds (item 2,
+# independence of random streams): until merged the mutant stays unkilled.
+PENDING_CLAUSES = {"SEED-INDEPENDENT": "issue 12 item 2: different seeds give independent randomness"}
 
-def load_mutant(name: str, base: str = "toy", **options: str):
+
+def load_mutant(name: str, base: str = "toy", black_box: str = "0", **options: str):
     """Backend factory: `--mtp-backend=mtpcheck.mutants:load_mutant
-    --mtp-backend-option name=NAME [--mtp-backend-option base=mlx]`."""
+    --mtp-backend-option name=NAME [--mtp-backend-option base=mlx]
+    [--mtp-backend-option black_box=1]` (black_box: the white-box capabilities
+    withheld, mtpcheck.backends.blackbox)."""
     from mtpcheck.backends import load_backend
 
     if name not in MUTANTS:
@@ -203,4 +217,8 @@ def load_mutant(name: str, base: str = "toy", **options: str):
     backend = load_backend(base, {**m.options, **options})
     m.apply(backend if m.scope == "backend" else backend.engine)
     backend.engine.name = f"mutant:{name}"
+    if black_box not in ("0", "false", ""):
+        from mtpcheck.backends.blackbox import BlackBox
+
+        return BlackBox(backend)
     return backend
