@@ -161,8 +161,6 @@ ZOO: list[Mutant] = [
     Mutant("uncounted-branch-discards", "B11", "lookahead tokens discarded after a rejection are not counted",
            ("LOOKAHEAD-STATS",), _zoo("uncounted_branch_discards"),
            invisible="lookahead needs the scheduler hook, withheld black-box"),
-    Mutant("additive-seed-key", "B12", "uniforms keyed by seed + position: neighbouring seeds share draws, shifted",
-           ("SEED-INDEPENDENT",), _zoo("additive_seed_key")),
     Mutant("shared-random-stream", "B12", "one random stream reseeded per request (mlx-lm style)",
            ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"), _zoo("shared_random_stream"),
            invisible="a solo request is reseeded at admission and repeats exactly; only concurrent requests (the scheduler hook, withheld) share the stream"),
@@ -211,9 +209,6 @@ ZOO: list[Mutant] = [
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
 
-# Clauses a mutant declares that another branch of issue 12 adds (item 2,
-# independence of random streams): until merged the mutant stays unkilled.
-PENDING_CLAUSES = {"SEED-INDEPENDENT": "issue 12 item 2: different seeds give independent randomness"}
 
 
 def load_mutant(name: str, base: str = "toy", black_box: str = "0", **options: str):

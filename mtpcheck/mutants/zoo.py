@@ -31,7 +31,7 @@ from mtpcheck.engine.cache import trim_cache
 from mtpcheck.engine.constraints import FREE, masked
 from mtpcheck.engine.decode import Engine, Plan
 from mtpcheck.engine.draft import AssistantDrafter, DraftBlock, MtpDrafter
-from mtpcheck.engine.sampling import STREAM_ACCEPT, STREAM_DRAFT, process, sample, uniform
+from mtpcheck.engine.sampling import STREAM_ACCEPT, process, sample
 
 PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
@@ -462,28 +462,6 @@ class UnseededAcceptance(Engine):
 
 def unseeded_acceptance(engine):
     become(engine, UnseededAcceptance)
-
-
-class AdditiveSeedKey(Engine):
-    """Uniforms keyed by seed + position (a careless key derivation): seed s
-    at position n+1 draws what seed s+1 draws at position n. Each request's
-    law stays exact and a seed repeats itself; requests with neighbouring
-    seeds share their randomness."""
-
-    def uniform(self, seed, stream, position):
-        return uniform(0, stream, seed + position)
-
-
-class AdditiveSeedKeyDraw:
-    def draw(self, logits, sp, history, seed, pos, cursor):
-        q = process(masked(np.array(logits, dtype=np.float64), cursor.mask), sp, history)
-        u = uniform(0, STREAM_DRAFT, seed + pos)
-        return sample(q, u), q, u
-
-
-def additive_seed_key(engine):
-    become(engine, AdditiveSeedKey)
-    with_drafters(engine, AdditiveSeedKeyDraw)
 
 
 # -- B09 event state not transactional ----------------------------------------------------
