@@ -315,6 +315,33 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def divergence_mechanism(res: GenerationResult, i: int, first_token_from_prefill: bool = True) -> str:
+    """Where a greedy divergence at output token i sits in the reported rounds,
+    and the mechanism that placement points to (black-box: from the report's
+    accept_lens / draft_lens alone)."""
+    s = res.speculation
+    lead = int(first_token_from_prefill)
+    if not s.used or not s.accept_lens or i < lead:
+        return "outside any speculative round (the target-only path differs?)"
+    start, first_rejection = lead, None
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        if i < start + a + 1:
+            j = i - start
+            where = f"round {r}, token {j} of its {a + 1}"
+            state = ("state not restored by the rollback (the target's KV or recurrent cache still holds the "
+                     "rejected proposals?)")
+            if r and s.accept_lens[r - 1] < s.draft_lens[r - 1]:  # the round right after a rejection
+                return f"{where}, the round right after round {r - 1} rejected proposals: {state}"
+            what = ("an accepted proposal is not the target's greedy token (verified at the wrong position?)" if j < a
+                    else f"the {'bonus' if a == d else 'correction'} is not the target's greedy token")
+            return f"{where}: {what}" + (f"; or {state[0].lower()}{state[1:]} since round {first_rejection}"
+                                         if first_rejection is not None else "")
+        if a < d and first_rejection is None:
+            first_rejection = r
+        start += a + 1
+    return "after the rounds the report counts (statistics disagree with the output?)"
+
+
 def top2_logit_gap(p: np.ndarray) -> float:
     """log(p1 / p2) of a temperature-1 law: the gap between its two largest
     logits, whatever the rest of the vocabulary holds. (A probability margin

@@ -68,3 +68,43 @@ def test_one_sided_processing_is_still_named_so():
     truth = backend.target_distributions(req.prompt_tokens, res.tokens, req.sampling)
     laws = [p for p in trace_problems(res, req, "rejection", truth)["TRACE-ACCEPT"] if "teacher-forced" in p]
     assert laws and all("one-sided processing" in p for p in laws), laws[:3]
+
+
+def _report(accept_lens, draft_lens):
+    from mtpcheck.contracts import SpeculationReport
+
+    return SpeculationReport(requested=True, used=True, mode="native_mtp", runtime="x", rounds=len(accept_lens),
+                             accept_lens=accept_lens, draft_lens=draft_lens, num_draft_tokens=3)
+
+
+def _result(n, accept_lens, draft_lens):
+    from mtpcheck.contracts import GenerationResult
+
+    return GenerationResult(tokens=list(range(n)), text="", finish_reason="length",
+                            speculation=_report(accept_lens, draft_lens))
+
+
+def test_greedy_divergence_right_after_a_rejection_names_the_state():
+    from mtpcheck.checks import divergence_mechanism
+
+    res = _result(1 + 4 + 2 + 4, [3, 1, 3], [3, 3, 3])  # prefill, full round, rejection, then round 2
+    assert "state not restored" in divergence_mechanism(res, 7)  # round 2, right after round 1's rejection
+    inside = divergence_mechanism(res, 2)  # round 0, an accepted proposal
+    assert "accepted proposal" in inside and "state" not in inside
+    assert "correction" in divergence_mechanism(res, 6)
+
+
+def test_constraint_failures_after_a_wrong_token_are_knock_ons():
+    from mtpcheck.engine.constraints import TokenDFA
+    from mtpcheck.scheduling import ConstraintStep, ScheduledOutcome, constraint_emit_problems, constraint_rollback_problems
+
+    dfa = TokenDFA.from_sequences([[1, 2, 3, 4]], vocab=8, end_ids=[0])
+    tokens = [1, 2, 5, 4, 0]  # token 2 (5) is the first wrong one
+    steps = [ConstraintStep(committed=c, state=0, signature=dfa.signature(dfa.walk(tokens[:c]) if c < 2 else 0))
+             for c in (1, 3, 5)]
+    out = ScheduledOutcome(request_id=1, cancelled=False, finish_reason="stop", tokens=tokens, text="",
+                           speculation=_report([1, 1], [3, 3]), constraint_steps=steps)
+    (emit,) = constraint_emit_problems(out, dfa)
+    assert "token 2 (5) is the first" in emit and "knock-ons" in emit
+    rollback = constraint_rollback_problems(out, dfa)
+    assert rollback and all("knock-on of token 2 (5)" in p for p in rollback), rollback
