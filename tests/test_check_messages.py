@@ -96,7 +96,12 @@ def test_greedy_divergence_right_after_a_rejection_names_the_state():
 
 def test_constraint_failures_after_a_wrong_token_are_knock_ons():
     from mtpcheck.engine.constraints import TokenDFA
-    from mtpcheck.scheduling import ConstraintStep, ScheduledOutcome, constraint_emit_problems, constraint_rollback_problems
+    from mtpcheck.scheduling import (
+        ConstraintStep,
+        ScheduledOutcome,
+        constraint_emit_problems,
+        constraint_rollback_problems,
+    )
 
     dfa = TokenDFA.from_sequences([[1, 2, 3, 4]], vocab=8, end_ids=[0])
     tokens = [1, 2, 5, 4, 0]  # token 2 (5) is the first wrong one

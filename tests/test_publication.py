@@ -62,3 +62,13 @@ def test_event_problems_name_the_first_wrong_event():
     assert "without an event" in events_problems(missing)[0]
     assert stream_problems([StreamChunk(tokens=[1]), StreamChunk(tokens=[2], finish_reason="length")], [1, 2]) == []
     assert "finish_reason" in stream_problems([StreamChunk(tokens=[1, 2])], [1, 2])[0]
+
+
+def test_drive_stream_chunks_a_library_token_stream():
+    from mtpcheck.backends.streaming import drive_stream
+
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=5, stop_token_ids=[7])
+    chunks = list(drive_stream(iter([(3, None), (4, None), (7, None), (9, None)]), req, [7], None))
+    assert [c.tokens for c in chunks] == [[3], [4], [7]] and chunks[-1].finish_reason == "stop"
+    short = list(drive_stream(iter([5]), req, [7], None))
+    assert [c.tokens for c in short] == [[5], []] and short[-1].finish_reason == "length"

@@ -5,6 +5,10 @@ through the project's stop matcher (EOS ids, stop strings, budget) and every
 commit is handed to the caller as a StreamChunk at once, so STREAM-COMMIT-ONLY
 judges what the library's stream delivers token by token.
 
+For mlx-vlm (whose streaming path is the same `generate_step` its adapter
+drives), the adapter's generate splits at `stream = gen.generate_step(...)`
+and `generate_stream` yields `drive_stream(stream, request, eos, self.decode)`.
+
 `MlxLmStreaming` maps mlx-lm's own streaming interface, `stream_generate`,
 onto `generate_stream`: mix it into MlxLmBackend (class MlxLmBackend(MlxLmStreaming,
 LibraryBackend)) and declare `streaming=True`. `load_mlx_lm_streaming` does
@@ -40,8 +44,9 @@ class _Driven:
         from mtpcheck.contracts import FinishEvent, TextEvent
         from mtpcheck.engine.events import commit_tokens
 
-        tok = next(self.tokens, None)
-        if tok is not None:
+        item = next(self.tokens, None)
+        if item is not None:  # a token id, or a library tuple led by one (as drive takes them)
+            tok = item[0] if isinstance(item, tuple) else item
             commit_tokens(self.out, self.matcher, [int(tok)], [None], self.req.max_tokens)
             return
         # the library stopped before the budget: publish what the matcher held back (as drive does)

@@ -34,16 +34,24 @@ def test_token_events_are_the_emitted_tokens(mtp_backend, mtp_capabilities, mtp_
     if not published:
         pytest.skip("the backend publishes no events (GenerationResult.events is empty)")
     assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
-    assert rejected > 0 or not mtp_capabilities.max_depth, "no proposal was rejected: commit-only was not exercised"
+    if not rejected:  # the report's word (a report that hides rejections is STATS-CONSISTENT's business)
+        pytest.skip("the report shows no rejected proposal: commit-only publication was not exercised")
 
 
 @pytest.mark.contract("STREAM-COMMIT-ONLY")
 def test_stream_carries_committed_tokens_only(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed):
-    problems = []
+    problems, unsteady = [], []
     for req in _requests(mtp_capabilities, list(mtp_fixture.values()), mtp_seed):
         if req.sampling.temperature and not mtp_capabilities.seeded_determinism:
             continue  # the final output to compare with is that of the same seed
         chunks = mtp_backend.generate_stream(req)
         final = mtp_backend.generate(req).tokens
-        problems += [f"seed {req.sampling.seed}, T={req.sampling.temperature}: {p}" for p in stream_problems(chunks, final)]
+        found = stream_problems(chunks, final)
+        if found and mtp_backend.generate(req).tokens != final:
+            unsteady.append(req.sampling.seed)  # generate() does not repeat itself: not the stream's doing
+            continue
+        problems += [f"seed {req.sampling.seed}, T={req.sampling.temperature}: {p}" for p in found]
     assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
+    if unsteady:
+        pytest.skip(f"generate() gave two outputs for the same request (seeds {unsteady}; greedy: None): the "
+                    f"stream has no final output to be held to (SEED-DETERMINISM / GREEDY-EQUIV judge that)")
