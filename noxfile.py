@@ -20,7 +20,8 @@ def lint(session):
 
 @nox.session
 def mutants(session):
-    """The mutant zoo against the suite; writes the kill matrix to docs/mutants.md."""
+    """The mutant zoo against the suite; writes the kill matrix to docs/mutants.md.
+    `nox -s mutants -- --black-box`: the black-box column (white-box capabilities withheld)."""
     session.install("-e", ".")
     session.run("mtpcheck", "mutants", *session.posargs, env={"MLX_DISABLE_COMPILE": "1"})
 

@@ -37,6 +37,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "lookahead": lambda c: c.lookahead,
     "constraints": lambda c: c.constraints,
     "inspection": lambda c: c.checkpoint_evidence,
+    "streaming": lambda c: c.streaming,
 }
 
 
@@ -173,9 +174,12 @@ def trace_problems(
     sp = req.sampling
     P = len(req.prompt_tokens)
     accept, law, rollback, bonus = [], [], [], []
-    committed = 1  # the prefill token precedes round 0
-    prev = None
-    for t in res.trace or []:
+    # a target law that is right before the first rejection and wrong after it
+    # points to state the rollback did not restore, not to logit processing
+    seen = {"first_rejection": None, "hint": None}
+
+    def one_round(t, committed: int, prev) -> None:
+        """Check one round at its committed offset; returning early never moves the offset."""
         tag = f"round {t.round}"
         k = len(t.proposals)
         ps = np.array(t.target_probs, dtype=np.float64)  # [k+1, V]
@@ -183,7 +187,7 @@ def trace_problems(
         au, tu = np.array(t.accept_uniforms), np.array(t.target_uniforms)
         if ps.shape[0] != k + 1 or qs.shape[0] != k or len(t.draft_uniforms) != k or len(tu) != k + 1:
             accept.append(f"{tag}: trace shapes disagree with {k} proposals")
-            continue
+            return
         # -- TRACE-ACCEPT: laws, proposals and decisions
         for j in range(k):
             if not _is_law(qs[j]) or not _is_law(ps[j]):
@@ -191,23 +195,31 @@ def trace_problems(
             elif _sample(qs[j], t.draft_uniforms[j]) != t.proposals[j]:
                 accept.append(f"{tag}: proposal {j} ({t.proposals[j]}) is not the draft law's sample at its uniform "
                               f"(got {_sample(qs[j], t.draft_uniforms[j])}): q is not the law it was drawn from")
-            accept += [f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp)]
+            accept.extend(f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp))
         for j in range(k + 1):
-            accept += [f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp)]
+            accept.extend(f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp))
         if ground_truth is not None:
             for j in range(min(len(t.committed), k + 1)):
                 row = committed + j
                 if row < len(ground_truth) and np.max(np.abs(ground_truth[row] - ps[j])) > 1e-4:
+                    r0 = seen["first_rejection"]
+                    if seen["hint"] is None:  # decided by the first mismatch of the trace
+                        seen["hint"] = (f"state not restored after round {r0}'s rejection (the target's KV or recurrent "
+                                        f"state still holds rejected proposals?): every law before it matches"
+                                        if r0 is not None else "one-sided processing of the target logits?")
+                    why = seen["hint"]
                     accept.append(f"{tag}: target law at position {j} differs from the teacher-forced target law "
-                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} (one-sided processing?)")
+                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} ({why})")
+        if t.accepted < k and seen["first_rejection"] is None:
+            seen["first_rejection"] = t.round
         if len(au) != k and rule_name == "rejection":
             accept.append(f"{tag}: {len(au)} acceptance uniforms for {k} proposals")
-            continue
+            return
         au_full = np.concatenate([au, np.zeros(max(0, k - len(au)))])
         v = rule.verify(ps, qs, t.proposals, au_full, tu)
         if v.accepted != t.accepted:
             accept.append(f"{tag}: {t.accepted} proposals accepted, the {rule_name} rule accepts {v.accepted}")
-            continue
+            return
         # -- TRACE-RESIDUAL-BONUS
         kind = "bonus" if t.accepted == k else "correction"
         if t.next_kind != kind:
@@ -245,11 +257,77 @@ def trace_problems(
         if kind == "bonus" and len(t.committed) == k + 1 and t.target_len_after != t.target_len_before + k + 1:
             bonus.append(f"{tag}: after full acceptance the cache holds {t.target_len_after - t.target_len_before} "
                          f"new entries, expected {k + 1} (the bonus stays uncached)")
-        committed += len(t.committed)
+    committed = 1  # the prefill token precedes round 0
+    prev = None
+    for t in res.trace or []:
+        one_round(t, committed, prev)
+        committed += len(t.committed)  # always: a wrong round must not shift the offset of the rounds after it
         prev = t
+    if res.trace:
+        # every token event after the prefill's lies in some round's verify window: one published
+        # between two verifications (at draft time, say) was published before its token was verified
+        windows = {i for t in res.trace for i in t.events}
+        start = min(windows, default=len(res.events))
+        tokens = [i for i, e in enumerate(res.events) if isinstance(e, TokenEvent)]
+        prefill = [i for i in tokens if i < start][:1]  # the prefill token's event precedes round 0
+        outside = [i for i in tokens if i not in windows and i not in prefill]
+        if outside:
+            e = res.events[outside[0]]
+            rollback.append(f"{len(outside)} token events published outside every round's verify window, first: "
+                            f"event {outside[0]} (token {e.token} at index {e.index}), published before verification")
     if res.trace is not None and committed != len(res.tokens):
         rollback.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
     return {"TRACE-ACCEPT": accept, "TRACE-RESIDUAL-BONUS": law, "TRACE-ROLLBACK": rollback, "BONUS-UNCACHED": bonus}
+
+
+# -- publication ---------------------------------------------------------------
+
+
+def events_problems(res: GenerationResult) -> list[str]:
+    """EVENTS-COMMIT-ONLY over `GenerationResult.events`: the token events are
+    the emitted tokens, one per token, in order, none repeated or retracted,
+    none for a token the output does not hold (a rejected proposal)."""
+    toks = [(i, e) for i, e in enumerate(res.events) if isinstance(e, TokenEvent)]
+    out = []
+    for n, (i, e) in enumerate(toks):
+        if n >= len(res.tokens):
+            out.append(f"event {i}: token {e.token} at index {e.index} published after all {len(res.tokens)} emitted "
+                       f"tokens were (a proposal that was never emitted?)")
+        elif e.index != n or e.token != res.tokens[n]:
+            held = res.tokens[e.index] if 0 <= e.index < len(res.tokens) else None
+            what = ("a token the output does not hold there (a rejected proposal published before verification?)"
+                    if held != e.token else "out of order or published twice")
+            out.append(f"event {i}: token {e.token} at index {e.index} is token event {n}; the output's token {n} is "
+                       f"{res.tokens[n]}: {what}")
+        if out:
+            break  # the first wrong event; every later one is shifted by it
+    if not out and len(toks) != len(res.tokens):
+        out.append(f"{len(toks)} token events for {len(res.tokens)} emitted tokens: "
+                   f"tokens {res.tokens[len(toks):][:5]} were emitted without an event")
+    text = "".join(e.text for e in res.events if getattr(e, "kind", None) == "text")
+    if text != res.text:
+        out.append(f"text events concatenate to {text[:40]!r}, the result's text is {res.text[:40]!r}")
+    return out
+
+
+def stream_problems(chunks: list, final: list[int]) -> list[str]:
+    """EVENTS-COMMIT-ONLY over a stream: chunks concatenate to the final tokens
+    and no chunk carries a token the final output does not hold at that position."""
+    out, pos = [], 0
+    for c, chunk in enumerate(chunks):
+        for tok in chunk.tokens:
+            if pos >= len(final) or final[pos] != tok:
+                held = final[pos] if pos < len(final) else "nothing"
+                out.append(f"chunk {c} carries token {tok} at position {pos}; the final output holds {held} there "
+                           f"(a rejected proposal reached the caller?)")
+                return out  # later positions are shifted by it
+            pos += 1
+    if pos != len(final):
+        out.append(f"the stream carried {pos} tokens, the final output has {len(final)}")
+    ends = [c for c, ch in enumerate(chunks) if ch.finish_reason is not None]
+    if ends != [len(chunks) - 1]:
+        out.append(f"finish_reason set on chunks {ends} of {len(chunks)}; expected on the last chunk only")
+    return out
 
 
 # -- greedy ------------------------------------------------------------------
@@ -260,6 +338,33 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence_mechanism(res: GenerationResult, i: int, first_token_from_prefill: bool = True) -> str:
+    """Where a greedy divergence at output token i sits in the reported rounds,
+    and the mechanism that placement points to (black-box: from the report's
+    accept_lens / draft_lens alone)."""
+    s = res.speculation
+    lead = int(first_token_from_prefill)
+    if not s.used or not s.accept_lens or i < lead:
+        return "outside any speculative round (the target-only path differs?)"
+    start, first_rejection = lead, None
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        if i < start + a + 1:
+            j = i - start
+            where = f"round {r}, token {j} of its {a + 1}"
+            state = ("state not restored by the rollback (the target's KV or recurrent cache still holds the "
+                     "rejected proposals?)")
+            if r and s.accept_lens[r - 1] < s.draft_lens[r - 1]:  # the round right after a rejection
+                return f"{where}, the round right after round {r - 1} rejected proposals: {state}"
+            what = ("an accepted proposal is not the target's greedy token (verified at the wrong position?)" if j < a
+                    else f"the {'bonus' if a == d else 'correction'} is not the target's greedy token")
+            return f"{where}: {what}" + (f"; or {state[0].lower()}{state[1:]} since round {first_rejection}"
+                                         if first_rejection is not None else "")
+        if a < d and first_rejection is None:
+            first_rejection = r
+        start += a + 1
+    return "after the rounds the report counts (statistics disagree with the output?)"
 
 
 def top2_logit_gap(p: np.ndarray) -> float:

@@ -19,6 +19,7 @@ from mtpcheck.contracts import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    StreamChunk,
 )
 
 
@@ -151,6 +152,36 @@ class Guarded:
             raise BackendGarbage(f"generate_batch() returned {type(raw).__name__} of length "
                                  f"{len(raw) if hasattr(raw, '__len__') else '?'} for {len(reqs)} requests")
         return [self._validated(req, r, "generate_batch()") for req, r in zip(reqs, raw, strict=True)]
+
+    def generate_stream(self, req: GenerationRequest) -> list[StreamChunk]:
+        """The whole stream of generate_stream(req), chunks in arrival order
+        (consumed under one timeout), each validated."""
+        if getattr(self.backend, "generate_stream", None) is None:
+            raise BackendGarbage(f"backend {type(self.backend).__name__} declares streaming but has no generate_stream()")
+        raw = self._consume(req)
+        chunks = []
+        V = self.capabilities().vocab_size
+        for i, c in enumerate(raw):
+            try:
+                chunk = c if isinstance(c, StreamChunk) else StreamChunk.model_validate(c)
+            except pydantic.ValidationError as exc:
+                raise BackendGarbage(f"generate_stream() chunk {i} is not a StreamChunk: {str(exc)[:300]}") from exc
+            bad = [t for t in chunk.tokens if not 0 <= t < V]
+            if bad:
+                raise BackendGarbage(f"generate_stream() chunk {i} holds token ids outside the vocabulary: {bad[:5]}")
+            chunks.append(chunk)
+        if not chunks:
+            raise BackendGarbage("generate_stream() yielded no chunk")
+        return chunks
+
+    def _consume(self, req: GenerationRequest) -> list:
+        try:
+            return call_with_timeout(lambda r: list(self.backend.generate_stream(r)), req, timeout=self.timeout,
+                                     what="generate_stream()")
+        except (BackendTimeout, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise BackendRaised(f"generate_stream() raised {type(exc).__name__}: {exc}") from exc
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         raw = self._call("target_distributions", list(prompt), list(continuation), sampling)

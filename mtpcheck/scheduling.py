@@ -436,7 +436,12 @@ def equivalence_problems(on: ScheduledOutcome, off: ScheduledOutcome) -> list[st
 
 def constraint_emit_problems(out: ScheduledOutcome, dfa) -> list[str]:
     """No emitted token violates the constraint."""
-    return [f"request {out.request_id}: token {i} ({out.tokens[i]}) violates the constraint" for i in dfa.violations(out.tokens)[:3]]
+    bad = dfa.violations(out.tokens)
+    if not bad:
+        return []
+    # after the first wrong token the automaton is dead: every later token "violates" it as a knock-on
+    later = f"; the {len(bad) - 1} violations after it are knock-ons of that token" if len(bad) > 1 else ""
+    return [f"request {out.request_id}: token {bad[0]} ({out.tokens[bad[0]]}) is the first that violates the constraint{later}"]
 
 
 def constraint_rollback_problems(out: ScheduledOutcome, dfa) -> list[str]:
@@ -445,11 +450,21 @@ def constraint_rollback_problems(out: ScheduledOutcome, dfa) -> list[str]:
     if out.tokens and len(out.constraint_steps) != out.speculation.rounds + 1 and out.speculation.used:
         problems.append(f"request {out.request_id}: {len(out.constraint_steps)} constraint steps for "
                         f"{out.speculation.rounds} rounds and the prefill")
+    wrong = dfa.violations(out.tokens)
+    first_state = None
     for step in out.constraint_steps:
         want = dfa.signature(dfa.walk(out.tokens[: step.committed]))
         if step.signature != want:
+            earlier = [i for i in wrong if i < step.committed]
+            if earlier:  # the state is judged against tokens the constraint already rejects
+                why = f"a knock-on of token {earlier[0]} ({out.tokens[earlier[0]]}), the first wrong token"
+            elif first_state is not None:
+                why = f"a knock-on of the first wrong state, after {first_state} committed tokens"
+            else:
+                why = "a rejected proposal advanced it?"
+                first_state = step.committed
             problems.append(f"request {out.request_id}: after {step.committed} committed tokens the constraint "
-                            f"state is not that of a fresh automaton fed them (a rejected proposal advanced it?)")
+                            f"state is not that of a fresh automaton fed them ({why})")
     return problems
 
 
@@ -457,7 +472,12 @@ def constraint_mask_problems(out: ScheduledOutcome, dfa) -> list[str]:
     """Draft and target laws are masked at their exact histories; no proposal
     is drafted at a grammar-complete state."""
     problems, committed = [], 1
+    wrong = dfa.violations(out.tokens)
     for t in out.trace or []:
+        if wrong and wrong[0] < committed:  # the history itself breaks the constraint: masks after it are moot
+            problems.append(f"round {t.round} and later: not checked, a knock-on of token {wrong[0]} "
+                            f"({out.tokens[wrong[0]]}), the first wrong token")
+            break
         state = dfa.walk(out.tokens[:committed])
         for j in range(len(t.proposals) + 1):
             if state < 0:

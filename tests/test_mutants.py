@@ -164,6 +164,39 @@ def test_kill_matrix_renders_declared_against_actual():
     assert "do not edit" in text and "1 of 2 mutants killed" in text and "`b` (survived)" in text
 
 
+def test_kill_matrix_renders_the_black_box_column():
+    white = [MutantRun("a", "B01", "bug a", ["X-ONE"], ["X-ONE"], {"X-ONE": "failed"}),
+             MutantRun("b", "B02", "bug b", ["X-ONE"], ["X-ONE"], {"X-ONE": "failed"})]
+    black = [MutantRun("a", "B01", "bug a", ["X-ONE"], ["Y-TWO"], {"Y-TWO": "failed", "X-ONE": "skipped"}, black_box=True),
+             MutantRun("b", "B02", "bug b", ["X-ONE"], ["X-ONE"], {"X-ONE": "skipped"}, black_box=True,
+                       invisible="the output law stays exact")]
+    assert [r.black_box_verdict for r in black] == ["killed", "output-invisible"]
+    meta = {"profile": "ci", "seed": 1, "base": "toy", "clause_mode": "plausible", "select": "per-mutant",
+            "jobs": 1, "cpus": 2, "wall_s": 1.0}
+    text = render_markdown(white, meta, black, meta)
+    assert "1 of 2 killed black-box" in text and "black-box: killed by" in text
+    assert "`b` (output-invisible): the output law stays exact" in text
+
+
+def test_black_box_mask_withholds_the_white_box_capabilities():
+    from mtpcheck.contracts import GenerationRequest, SamplingParams
+
+    backend = load_mutant("argmax-draft", black_box="1")
+    caps = backend.capabilities()
+    assert not (caps.traces or caps.logprobs or caps.scheduler or caps.lookahead or caps.constraints)
+    assert caps.target_distributions and caps.streaming and caps.seeded_determinism
+    assert not hasattr(backend, "open_scheduler") and hasattr(backend, "generate_stream")
+    res = backend.generate(GenerationRequest(prompt_tokens=[3, 1, 4], max_tokens=6, trace=True,
+                                             sampling=SamplingParams(temperature=1.0, seed=3)))
+    assert res.trace is None and res.logprobs is None
+
+
+def test_every_mutant_is_visible_black_box_or_says_why():
+    """A bug output alone cannot show is listed with its reason; the rest must be killed black-box."""
+    for m in MUTANTS.values():
+        assert m.invisible == "" or len(m.invisible) > 20, m.name
+
+
 # -- the whole zoo ----------------------------------------------------------------------------------
 
 

@@ -145,6 +145,7 @@ class MlxLmBackend(LibraryBackend):
             logprobs=False,
             traces=False,
             text=True,
+            streaming=True,  # generate_stream: the same token generator as generate(), chunked by the stop matcher
             **self.declared_context(),
             notes=(f"draft model {self.draft_path.name}/, default depth {self.default.num_draft_tokens}; one shared "
                    "random stream for draft and target (seeded output differs between speculation on and off at "

@@ -133,6 +133,7 @@ class MlxVlmBackend(LibraryBackend):
             logprobs=False,
             traces=False,
             text=True,
+            streaming=True,  # generate_stream: the same token generator as generate(), chunked by the stop matcher
             **self.declared_context(),
             checkpoint_evidence=self.native,
             # float16 logits: an ulp is 2**-7 at the fixture's top logits (8-13), and a

@@ -54,6 +54,7 @@ class ReferenceBackend:
             scheduler=True,
             lookahead="assistant" in kinds,
             constraints=True,
+            streaming=True,
             checkpoint_evidence=bool(self.folders),
             context_length=self.context_length,
             generate_batch=True,
@@ -68,6 +69,17 @@ class ReferenceBackend:
         """Capability generate_batch. The engine computes one request at a time,
         so this is generate() in order: the protocol, not a speed-up."""
         return [self.engine.generate(r) for r in requests]
+
+    def generate_stream(self, request: GenerationRequest):
+        """Capability `streaming`: one chunk per round, holding what that round
+        published (its token and text events), so a caller sees committed
+        tokens only, as they are committed."""
+        from mtpcheck.engine.events import stream_chunks
+
+        check_prompt_length(request.prompt_tokens, self.context_length)
+        engine = self.engine
+        st = engine.start(request)
+        yield from stream_chunks(st, lambda: engine.step(st))
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         import mlx.core as mx

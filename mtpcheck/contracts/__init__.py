@@ -18,6 +18,7 @@ from .models import (
     SpeculationReport,
     SpeculationRequest,
     StopEvent,
+    StreamChunk,
     TextEvent,
     TokenEvent,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "SpeculationRequest",
     "SpeculationUnavailableError",
     "StopEvent",
+    "StreamChunk",
     "TextEvent",
     "TokenEvent",
     "check_prompt_length",

@@ -228,6 +228,10 @@ class Capabilities(_Strict):
     scheduler: bool = False
     lookahead: bool = False
     constraints: bool = False
+    streaming: bool = Field(
+        False, description="generate_stream(request) yields StreamChunk objects in arrival order (a library's"
+        " streaming interface, e.g. mlx-lm's stream_generate)",
+    )
     checkpoint_evidence: bool = Field(False, description="checkpoints() gives the target/assistant folders it runs")
     generate_batch: bool = Field(
         False, description="generate_batch(requests) serves several requests at once and returns their results in"
@@ -262,6 +266,16 @@ class Capabilities(_Strict):
     notes: str = ""
 
 
+class StreamChunk(_Strict):
+    """One piece of a streamed generation, as it reaches the caller. The
+    chunks of a stream concatenate to the output; a chunk never carries a
+    token the output does not hold at that position (EVENTS-COMMIT-ONLY)."""
+
+    tokens: list[int] = Field(default_factory=list, description="token ids published by this chunk, in order")
+    text: str = Field("", description="text published by this chunk")
+    finish_reason: Literal["stop", "length"] | None = Field(None, description="set on the last chunk")
+
+
 SCHEMA_MODELS: dict[str, type[BaseModel]] = {
     "SamplingParams": SamplingParams,
     "SpeculationRequest": SpeculationRequest,
@@ -270,4 +284,5 @@ SCHEMA_MODELS: dict[str, type[BaseModel]] = {
     "SpeculationReport": SpeculationReport,
     "RoundTrace": RoundTrace,
     "Capabilities": Capabilities,
+    "StreamChunk": StreamChunk,
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from mtpcheck.contracts import FinishEvent, StopEvent, TextEvent, TokenEvent
+from mtpcheck.contracts import FinishEvent, StopEvent, StreamChunk, TextEvent, TokenEvent
 
 
 @dataclass
@@ -91,3 +91,19 @@ def _publish_text(out: OutputState, text: str) -> None:
     if len(text) > len(out.text_published) and text.startswith(out.text_published):
         out.events.append(TextEvent(text=text[len(out.text_published) :]))
         out.text_published = text
+
+
+def stream_chunks(st, advance: Callable[[], None]):
+    """Chunks of a request's published events: what `st.out` (an OutputState,
+    reached as st.out, st.done) published since the last chunk, after each
+    `advance()` until the request is done."""
+    sent = 0
+    while True:
+        new, sent = st.out.events[sent:], len(st.out.events)
+        tokens = [e.token for e in new if isinstance(e, TokenEvent)]
+        text = "".join(e.text for e in new if isinstance(e, TextEvent))
+        if tokens or text or st.done:
+            yield StreamChunk(tokens=tokens, text=text, finish_reason=st.out.finish_reason if st.done else None)
+        if st.done:
+            return
+        advance()

@@ -26,6 +26,8 @@ class Mutant:
     apply: Callable  # engine -> None, mutating it in place (backend -> None when scope == "backend")
     options: dict[str, str] = field(default_factory=dict)  # base backend options the bug needs (drafter, twin, ...)
     scope: str = "engine"
+    # why output alone cannot show it (the black-box column lists these instead of requiring a kill)
+    invisible: str = ""
 
 
 def _zoo(function: str, **kwargs) -> Callable:
@@ -122,7 +124,8 @@ ZOO: list[Mutant] = [
     Mutant("residual-softmax", "B04", "on rejection the correction is drawn from softmax(p - q)",
            ("TRACE-RESIDUAL-BONUS", "DIST-ZERO", "DIST-EQUIV"), _zoo("residual_softmax")),
     Mutant("onehot-q", "B05", "acceptance and residual use q = one-hot(proposal) for a sampled draft",
-           ("TRACE-ACCEPT",), _zoo("onehot_q")),
+           ("TRACE-ACCEPT",), _zoo("onehot_q"),
+           invisible="the output law stays exact (acceptance and residual both use q = one-hot: the exact-match rule in disguise); only the traced decisions disagree with the traced q"),
     Mutant("onehot-q-acceptance", "B05", "acceptance uses q = one-hot(proposal), the residual the real q",
            ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("onehot_q_acceptance")),
     Mutant("first-proposal-unverified", "B06", "the verification loop starts at the second proposal",
@@ -138,21 +141,31 @@ ZOO: list[Mutant] = [
     Mutant("recurrent-state-not-restored", "B08", "recurrent state keeps the rejected suffix",
            ("GREEDY-EQUIV", "TRACE-ACCEPT"), _recurrent_state_not_restored),
     Mutant("assistant-not-rolled-back", "B08", "the assistant's KV cache keeps rejected proposals",
-           ("TRACE-ROLLBACK", "DRAFT-FRESH"), _zoo("assistant_not_rolled_back"), ASSISTANT),
+           ("TRACE-ROLLBACK", "DRAFT-FRESH"), _zoo("assistant_not_rolled_back"), ASSISTANT,
+           invisible="the assistant's stale context only lowers acceptance: every token is still verified by the target, so tokens, their law and the statistics' consistency are exact"),
     Mutant("constraint-advanced-by-rejected", "B09", "the grammar state takes the rejected proposal, not the correction",
-           ("CONSTRAINT-ROLLBACK", "CONSTRAINT-EMIT", "CONSTRAINT-MASK"), _zoo("constraint_advanced_by_rejected")),
+           ("CONSTRAINT-ROLLBACK", "CONSTRAINT-EMIT", "CONSTRAINT-MASK"), _zoo("constraint_advanced_by_rejected"),
+           invisible="constraints are a hook (capability constraints), withheld black-box"),
     Mutant("unmasked-drafter", "B09", "draft laws not masked by the constraint (the target's are)",
-           ("CONSTRAINT-MASK",), _zoo("unmasked_drafter")),
+           ("CONSTRAINT-MASK",), _zoo("unmasked_drafter"),
+           invisible="constraints are a hook (capability constraints), withheld black-box; the target's mask keeps the output exact anyway"),
+    Mutant("events-at-draft-time", "B09", "token events published for proposals when drafted, again at commit",
+           ("EVENTS-COMMIT-ONLY", "TRACE-ROLLBACK"), _zoo("events_at_draft_time")),
+    Mutant("stream-publishes-proposals", "B09", "the stream shows proposals when drafted; generate() is right",
+           ("STREAM-COMMIT-ONLY",), _zoo("stream_publishes_proposals"), scope="backend"),
     Mutant("stop-checked-per-block", "B10", "EOS and stop strings checked on the last token of a block only",
            ("STOP-IN-BLOCK",), _zoo("stop_checked_per_block"), TWIN),
     Mutant("counts-rejected-tail", "B11", "accepted counts include the rejected tail",
            ("STATS-CONSISTENT", "SCHED-CANCEL"), _zoo("counts_rejected_tail")),
     Mutant("counts-cancelled-round", "B11", "a cancel counts the in-flight block as a verified round",
-           ("SCHED-CANCEL",), _zoo("counts_cancelled_round")),
+           ("SCHED-CANCEL",), _zoo("counts_cancelled_round"),
+           invisible="a cancel needs the scheduler hook, withheld black-box"),
     Mutant("uncounted-branch-discards", "B11", "lookahead tokens discarded after a rejection are not counted",
-           ("LOOKAHEAD-STATS",), _zoo("uncounted_branch_discards")),
+           ("LOOKAHEAD-STATS",), _zoo("uncounted_branch_discards"),
+           invisible="lookahead needs the scheduler hook, withheld black-box"),
     Mutant("shared-random-stream", "B12", "one random stream reseeded per request (mlx-lm style)",
-           ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"), _zoo("shared_random_stream")),
+           ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"), _zoo("shared_random_stream"),
+           invisible="a solo request is reseeded at admission and repeats exactly; only concurrent requests (the scheduler hook, withheld) share the stream"),
     Mutant("unseeded-acceptance", "B12", "acceptance uniforms from an unseeded generator",
            ("SEED-DETERMINISM", "SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"),
            _zoo("unseeded_acceptance")),
@@ -172,11 +185,14 @@ ZOO: list[Mutant] = [
     Mutant("confident-draft-accepted", "B13", "a proposal with q(d) >= 0.25 is accepted without the target",
            ("TRACE-ACCEPT", "DIST-ZERO", "DIST-EQUIV"), _zoo("confident_draft_accepted")),
     Mutant("draft-logprobs", "B14", "accepted proposals report the draft's logprob",
-           ("LOGPROBS",), _zoo("draft_logprobs")),
+           ("LOGPROBS",), _zoo("draft_logprobs"),
+           invisible="logprobs are withheld black-box (mlx-lm and mlx-vlm declare none)"),
     Mutant("zero-logprobs", "B14", "accepted proposals report logprob 0",
-           ("LOGPROBS",), _zoo("zero_logprobs")),
+           ("LOGPROBS",), _zoo("zero_logprobs"),
+           invisible="logprobs are withheld black-box (mlx-lm and mlx-vlm declare none)"),
     Mutant("promotes-after-partial-acceptance", "B15", "a lookahead branch promoted when its first token equals a correction",
-           ("LOOKAHEAD-PROMOTION", "LOOKAHEAD-EQUIV"), _zoo("promotes_after_partial_acceptance")),
+           ("LOOKAHEAD-PROMOTION", "LOOKAHEAD-EQUIV"), _zoo("promotes_after_partial_acceptance"),
+           invisible="lookahead needs the scheduler hook, withheld black-box"),
     Mutant("ignores-require-acceleration", "B16", "require_acceleration not honoured: runs unaccelerated",
            ("REPORT-NO-SILENT-FALLBACK",), _zoo("ignores_require_acceleration")),
     Mutant("drops-penalties", "B16", "speculates with penalties and logit bias, and drops them",
@@ -192,17 +208,22 @@ ZOO: list[Mutant] = [
     Mutant("drafter-silently-disabled", "B17", "drafting silently stops after two rounds; still reported as used",
            ("REPORT-DEPTH",), _zoo("drafter_silently_disabled")),
     Mutant("stale-hidden-state", "B17", "the MTP head reads the target's hidden states one row late after verification",
-           ("DRAFT-FRESH",), _zoo("stale_hidden_state")),
+           ("DRAFT-FRESH",), _zoo("stale_hidden_state"),
+           invisible="the head's stale hidden state only lowers acceptance: every token is still verified by the target, so tokens, their law and the statistics' consistency are exact"),
     Mutant("starving-scheduler", "-", "the scheduler always serves the lowest runnable request id",
-           ("SCHED-FAIR",), _zoo("starving_scheduler"), scope="backend"),
+           ("SCHED-FAIR",), _zoo("starving_scheduler"), scope="backend",
+           invisible="scheduling order needs the scheduler hook, withheld black-box"),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
 
 
-def load_mutant(name: str, base: str = "toy", **options: str):
+
+def load_mutant(name: str, base: str = "toy", black_box: str = "0", **options: str):
     """Backend factory: `--mtp-backend=mtpcheck.mutants:load_mutant
-    --mtp-backend-option name=NAME [--mtp-backend-option base=mlx]`."""
+    --mtp-backend-option name=NAME [--mtp-backend-option base=mlx]
+    [--mtp-backend-option black_box=1]` (black_box: the white-box capabilities
+    withheld, mtpcheck.backends.blackbox)."""
     from mtpcheck.backends import load_backend
 
     if name not in MUTANTS:
@@ -211,4 +232,8 @@ def load_mutant(name: str, base: str = "toy", **options: str):
     backend = load_backend(base, {**m.options, **options})
     m.apply(backend if m.scope == "backend" else backend.engine)
     backend.engine.name = f"mutant:{name}"
+    if black_box not in ("0", "false", ""):
+        from mtpcheck.backends.blackbox import BlackBox
+
+        return BlackBox(backend)
     return backend

@@ -27,7 +27,12 @@ from pathlib import Path
 
 from . import MUTANTS, Mutant
 
+WHITE_BOX = ("traces", "logprobs", "scheduler", "lookahead", "constraints")  # as mtpcheck.backends.blackbox (no mlx import)
+
 SANITY = ("REQ-BLOCK", "REPORT-HONEST", "STATS-CONSISTENT")  # cheap; a mutant should break only what it breaks
+# the black-box column also runs these cheap output clauses on every mutant: its
+# white-box declared clauses are withheld, so the output has to speak
+BLACK_BOX_EXTRA = ("GREEDY-EQUIV", "SEED-DETERMINISM", "STOP-IN-BLOCK", "EVENTS-COMMIT-ONLY", "STREAM-COMMIT-ONLY")
 # suite clauses whose tests use no seed (temperature 0 throughout): the same result under every --mtp-seed
 SEED_FREE = ("REQ-BLOCK", "REQ-OVERRIDE", "REPORT-HONEST", "REPORT-NO-SILENT-FALLBACK", "GREEDY-EQUIV", "STOP-IN-BLOCK")
 KILLED = ("failed", "error")
@@ -68,6 +73,18 @@ class MutantRun:
     duration_s: float = 0.0
     returncode: int | None = None
     error: str = ""
+    black_box: bool = False  # run with the white-box capabilities withheld (mtpcheck.backends.blackbox)
+    invisible: str = ""  # why output alone cannot show this bug (black-box column)
+
+    @property
+    def black_box_verdict(self) -> str:
+        """Black-box: killed by any clause (its declared ones may be withheld), else
+        output-invisible when the zoo says why, else survived."""
+        if self.error and not self.outcomes:
+            return "no report"
+        if self.killed_by:
+            return "killed"
+        return "output-invisible" if self.invisible else "survived"
 
     @property
     def killed_by(self) -> list[str]:
@@ -95,12 +112,13 @@ def catalogue_ids() -> list[str]:
     return [c.id for c in load_catalogue().clause]
 
 
-def plausible_clauses(m: Mutant) -> list[str]:
-    """Declared clauses, clauses whose catalogue entry targets the bug class, sanity clauses."""
+def plausible_clauses(m: Mutant, black_box: bool = False) -> list[str]:
+    """Declared clauses, clauses whose catalogue entry targets the bug class, sanity
+    clauses (black-box: also BLACK_BOX_EXTRA); only clauses of the catalogue."""
     from mtpcheck.catalogue import load_catalogue
 
     targeted = {c.id for c in load_catalogue().clause if m.bug_class in c.bug_classes}
-    wanted = set(m.clauses) | targeted | set(SANITY)
+    wanted = set(m.clauses) | targeted | set(SANITY) | (set(BLACK_BOX_EXTRA) if black_box else set())
     return [c for c in catalogue_ids() if c in wanted]
 
 
@@ -138,16 +156,19 @@ def backend_args(options: dict[str, str], backend: str = "toy") -> list[str]:
     return [f"--mtp-backend={backend}", *(f"--mtp-backend-option={k}={v}" for k, v in options.items())]
 
 
-def mutant_backend_args(name: str, base: str = "toy") -> list[str]:
+def mutant_backend_args(name: str, base: str = "toy", black_box: bool = False) -> list[str]:
     return ["--mtp-backend=mtpcheck.mutants:load_mutant", f"--mtp-backend-option=name={name}",
-            f"--mtp-backend-option=base={base}"]
+            f"--mtp-backend-option=base={base}", *(["--mtp-backend-option=black_box=1"] if black_box else [])]
 
 
 def run_mutant(m: Mutant, clauses: list[str], workdir: Path, profile: str = "ci", seed: int = 1234,
-               base: str = "toy", select: str | None = DIST_SELECT, timeout: float = 900.0) -> MutantRun:
+               base: str = "toy", select: str | None = DIST_SELECT, timeout: float = 900.0,
+               black_box: bool = False) -> MutantRun:
     """Run the suite against one mutant in a subprocess; read its JSON report."""
-    run = MutantRun(m.name, m.bug_class, m.description, list(m.clauses), list(clauses))
-    code, data, tail, run.duration_s = suite_run(mutant_backend_args(m.name, base), clauses, workdir / f"{m.name}.json",
+    run = MutantRun(m.name, m.bug_class, m.description, list(m.clauses), list(clauses), black_box=black_box,
+                    invisible=m.invisible)
+    json_path = workdir / f"{m.name}{'.bb' if black_box else ''}.json"
+    code, data, tail, run.duration_s = suite_run(mutant_backend_args(m.name, base, black_box), clauses, json_path,
                                                  profile, seed, select, timeout, shrink=False)
     run.returncode = code
     if data is None:
@@ -164,7 +185,7 @@ def run_mutant(m: Mutant, clauses: list[str], workdir: Path, profile: str = "ci"
 
 def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, profile: str = "ci", seed: int = 1234,
             base: str = "toy", select: str | None = "per-mutant", workdir: Path | None = None,
-            progress=None) -> list[MutantRun]:
+            progress=None, black_box: bool = False) -> list[MutantRun]:
     """Every named mutant against its clauses; `clause_mode` is declared | plausible | all.
     `select`: a pytest -k expression, None for everything, or "per-mutant": the
     distribution clauses on the mutant's sampling configuration (DIST_CONFIG)."""
@@ -175,7 +196,7 @@ def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, pro
             return ids
         if clause_mode == "declared":
             return list(m.clauses)
-        return plausible_clauses(m)
+        return plausible_clauses(m, black_box)
 
     own = workdir is None
     tmp = tempfile.TemporaryDirectory(prefix="mtpcheck-mutants-") if own else None
@@ -184,7 +205,8 @@ def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, pro
     try:
         def one(name: str) -> MutantRun:
             sel = dist_select(DIST_CONFIG.get(name, "temperature")) if select == "per-mutant" else select
-            r = run_mutant(MUTANTS[name], clauses_for(MUTANTS[name]), work, profile, seed, base, sel)
+            r = run_mutant(MUTANTS[name], clauses_for(MUTANTS[name]), work, profile, seed, base, sel,
+                           black_box=black_box)
             if progress:
                 progress(r)
             return r
@@ -217,7 +239,9 @@ def cell(run: MutantRun, clause: str) -> str:
     return MARK["skipped"] if o == "skipped" else MARK["passed"]
 
 
-def render_markdown(runs: list[MutantRun], meta: dict) -> str:
+def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | None = None,
+                    black_meta: dict | None = None) -> str:
+    """The kill matrix; with `black` (runs with the white-box capabilities withheld) also the black-box column."""
     from mtpcheck.catalogue import load_catalogue
 
     clauses = load_catalogue().clause
@@ -243,15 +267,36 @@ def render_markdown(runs: list[MutantRun], meta: dict) -> str:
         f"Zoo wall time {meta['wall_s']:.0f} s with {meta['jobs']} parallel jobs on {meta['cpus']} CPUs "
         f"(sum of per-mutant times {sum(r.duration_s for r in runs):.0f} s).",
         "",
+    ]
+    bb = {r.name: r for r in black or []}
+    if black:
+        v = [r.black_box_verdict for r in black]
+        lines += [
+            f"**Black-box column** (`mtpcheck mutants --black-box`): the same mutants with the white-box capabilities "
+            f"withheld ({', '.join(WHITE_BOX)}: what a runtime without hooks declares; mtpcheck/backends/blackbox.py), "
+            f"so only output clauses speak; each runs its plausible clauses plus {', '.join(BLACK_BOX_EXTRA)}. "
+            f"**{v.count('killed')} of {len(black)} killed black-box** (by any clause); "
+            f"{v.count('output-invisible')} output-invisible (listed below with the reason), {v.count('survived')} "
+            f"survived, {v.count('no report')} without a report. White-box: "
+            f"{sum(bool(r.killed_by) for r in runs)} of {len(runs)} killed by some clause. Black-box wall time "
+            f"{(black_meta or {}).get('wall_s', 0):.0f} s.",
+            "",
+        ]
+    lines += [
         "## Mutants",
         "",
-        "| mutant | class | bug | declared | killed by (declared in bold) | verdict | s |",
-        "|---|---|---|---|---|---|---|",
+        "| mutant | class | bug | declared | white-box: killed by (declared in bold) | verdict | s |"
+        + (" black-box: killed by | black-box |" if black else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if black else ""),
     ]
     for r in runs:
         killed = ", ".join(f"**{c}**" if c in r.declared else c for c in r.killed_by) or "-"
-        lines.append(f"| `{r.name}` | {r.bug_class} | {r.description} | {', '.join(r.declared)} | {killed} | "
-                     f"{r.verdict} | {r.duration_s:.0f} |")
+        row = (f"| `{r.name}` | {r.bug_class} | {r.description} | {', '.join(r.declared)} | {killed} | "
+               f"{r.verdict} | {r.duration_s:.0f} |")
+        if black:
+            b = bb.get(r.name)
+            row += (f" {', '.join(b.killed_by) or '-'} | {b.black_box_verdict} |" if b else " | not run |")
+        lines.append(row)
     lines += ["", "## Clauses", "", "| clause | kind | mutants it kills (declared in bold) | ran against |", "|---|---|---|---|"]
     for c in ran:
         kills = [f"**{r.name}**" if c.id in r.declared else r.name for r in runs if r.outcomes.get(c.id) in KILLED]
@@ -273,6 +318,13 @@ def render_markdown(runs: list[MutantRun], meta: dict) -> str:
         for r in problems:
             lines.append(f"- `{r.name}` ({r.verdict}): declared {r.declared}, missed {r.missed}, failed {r.killed_by}"
                          + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else ""))
+    if black:
+        unseen = [r for r in black if r.black_box_verdict != "killed"]
+        if unseen:
+            lines += ["", "## Not killed black-box", ""]
+            lines += [f"- `{r.name}` ({r.black_box_verdict}): " + (r.invisible or
+                      f"ran {', '.join(c for c, o in r.outcomes.items() if o != 'skipped') or '-'}; none failed"
+                      + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else "")) for r in unseen]
     notes = [(r.name, c, n) for r in runs for c, n in r.notes.items() if c in r.declared and r.outcomes.get(c) in KILLED]
     if notes:
         lines += ["", "## How each declared clause caught its mutant (first message)", ""]
@@ -296,6 +348,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--all-configs", action="store_true", help="distribution clauses on all four sampling configurations")
     p.add_argument("--out", default=str(ROOT / "docs" / "mutants.md"), help="kill matrix (markdown); '-' for none")
     p.add_argument("--json", help="also write the runs as JSON")
+    p.add_argument("--black-box", action="store_true",
+                   help="the black-box column: every mutant with the white-box capabilities withheld; the other "
+                        "column is read from --columns and the matrix shows both")
+    p.add_argument("--columns", default=str(ROOT / "docs" / "mutants.json"),
+                   help="where both columns' runs are kept between runs (default docs/mutants.json); '-' for none")
     p.set_defaults(func=mutants_main)
     return p
 
@@ -317,19 +374,46 @@ def mutants_main(args) -> int:
         print(f"{r.name:36} {r.verdict:16} {r.duration_s:6.1f} s  killed by {','.join(r.killed_by) or '-'}", flush=True)
 
     t0 = time.perf_counter()
-    runs = run_zoo(names, args.clauses, args.jobs, args.profile, args.seed, args.base, select, progress=progress)
+    runs = run_zoo(names, args.clauses, args.jobs, args.profile, args.seed, args.base, select, progress=progress,
+                   black_box=args.black_box)
     meta = {"profile": args.profile, "seed": args.seed, "base": args.base, "clause_mode": args.clauses,
             "select": select, "jobs": args.jobs, "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0}
-    if args.out != "-":
-        Path(args.out).write_text(render_markdown(runs, meta))
+    column = "black-box" if args.black_box else "white-box"
+    columns = load_columns(args.columns)
+    if args.columns != "-":  # keep this column for the next run of the other one
+        old = {r.name: r for r in columns.get(column, ([], {}))[0]}
+        old.update({r.name: r for r in runs})
+        columns[column] = ([old[n] for n in MUTANTS if n in old], meta)
+        Path(args.columns).write_text(json.dumps({c: {"meta": m, "runs": [asdict(r) for r in rs]}
+                                                  for c, (rs, m) in columns.items()}, indent=1) + "\n")
+    else:
+        columns[column] = (runs, meta)
+    if args.out != "-" and "white-box" in columns:
+        white, white_meta = columns["white-box"]
+        black, black_meta = columns.get("black-box", (None, None))
+        Path(args.out).write_text(render_markdown(white, white_meta, black, black_meta))
         print(f"wrote {args.out}")
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"verdict": r.verdict} for r in runs]},
                                               indent=2) + "\n")
+    if args.black_box:
+        bad = [r.name for r in runs if r.black_box_verdict not in ("killed", "output-invisible")]
+        print(f"{sum(r.black_box_verdict == 'killed' for r in runs)} of {len(runs)} mutants killed black-box, "
+              f"{sum(r.black_box_verdict == 'output-invisible' for r in runs)} output-invisible, in "
+              f"{meta['wall_s']:.0f} s" + (f"; not: {', '.join(bad)}" if bad else ""))
+        return 1 if bad else 0
     bad = [r.name for r in runs if r.verdict != "killed"]
     print(f"{len(runs) - len(bad)} of {len(runs)} mutants killed as declared in {meta['wall_s']:.0f} s"
           + (f"; not: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
+
+
+def load_columns(path: str) -> dict[str, tuple[list[MutantRun], dict]]:
+    """The kept columns ('white-box', 'black-box') of docs/mutants.json; {} when absent."""
+    if path == "-" or not Path(path).is_file():
+        return {}
+    data = json.loads(Path(path).read_text())
+    return {c: ([MutantRun(**r) for r in v["runs"]], v["meta"]) for c, v in data.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

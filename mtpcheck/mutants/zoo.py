@@ -19,7 +19,7 @@ import random
 import mlx.core as mx
 import numpy as np
 
-from mtpcheck.contracts import SamplingParams
+from mtpcheck.contracts import SamplingParams, StreamChunk, TokenEvent
 from mtpcheck.engine.acceptance import (
     Rule,
     Verdict,
@@ -551,6 +551,49 @@ class DraftReusesTargetStream(Engine):
 def draft_stream_is_target_stream(engine):
     become(engine, DraftReusesTargetStream)
     with_drafters(engine, KeyedDraw, attrs={"engine": engine})
+
+
+# -- B09 event state not transactional ----------------------------------------------------
+
+
+class EventsAtDraftTime(Engine):
+    """A token event is published for every proposal when it is drafted
+    (before verification), and again for each token when it is committed: the
+    caller sees rejected proposals; the final tokens and text stay right."""
+
+    def propose(self, st):
+        super().propose(st)
+        base = len(st.out.tokens)
+        st.out.events += [TokenEvent(index=base + j, token=t) for j, t in enumerate(st.inflight.block.tokens)]
+
+
+def events_at_draft_time(engine):
+    become(engine, EventsAtDraftTime)
+
+
+def stream_publishes_proposals(backend):
+    """generate_stream shows each block's proposals as they are drafted, then
+    the round's next token (a correction or the bonus): rejected proposals
+    reach the streaming caller, while generate() is right."""
+    engine = backend.engine
+
+    def generate_stream(request):
+        st = engine.start(request)
+        yield StreamChunk(tokens=list(st.out.tokens), finish_reason=st.out.finish_reason if st.done else None)
+        while not st.done:
+            engine.propose(st)
+            shown = list(st.inflight.block.tokens)
+            if shown:
+                yield StreamChunk(tokens=shown)
+            before = len(st.out.tokens)
+            engine.verify(st)
+            committed = st.out.tokens[before:]
+            accepted = 0
+            while accepted < min(len(shown), len(committed)) and shown[accepted] == committed[accepted]:
+                accepted += 1
+            yield StreamChunk(tokens=committed[accepted:], finish_reason=st.out.finish_reason if st.done else None)
+
+    backend.generate_stream = generate_stream
 
 
 # -- B13 lossy acceptance knobs ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mtpcheck.checks import first_divergence, top2_logit_gap
+from mtpcheck.checks import divergence_mechanism, first_divergence, top2_logit_gap
 from mtpcheck.contracts import SamplingParams
 
 from ._util import request, spec_for
@@ -27,7 +27,8 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
             laws = mtp_backend.target_distributions(prompt, plain.tokens[: i + 1], SamplingParams(temperature=1.0))
             gap = top2_logit_gap(np.asarray(laws[i]))
         evidence = dict(prompt=name, depth=depth, position=i, plain=plain.tokens[i:i + 3], spec=spec.tokens[i:i + 3],
-                        top2_logit_gap=gap, near_tie_logit_gap=tolerance)
+                        top2_logit_gap=gap, near_tie_logit_gap=tolerance,
+                        where=divergence_mechanism(spec, i, mtp_capabilities.first_token_from_prefill))
         mtp_record(divergence=evidence)
         if gap is None or gap >= tolerance:
             why = ("no target_distributions to read the gap from" if gap is None
