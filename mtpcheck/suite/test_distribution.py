@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 from mtpcheck.checks import logprob_problems, observations
-from mtpcheck.laws.stats import SUITE_ALPHA, pit_ks, rank_gtest, zero_probability_violations
+from mtpcheck.laws.stats import (
+    SUITE_ALPHA,
+    pit_ks,
+    rank_gtest,
+    truncated_pit_ks,
+    truncated_rank_gtest,
+    truncated_zero_probability_violations,
+    zero_probability_violations,
+)
 
 from ._util import DIST_CONFIGS, STAT_SUBTESTS, request, seeded, spec_for
 
@@ -38,22 +46,24 @@ def _obs(backend, config, runs):
 
 @pytest.mark.contract("DIST-ZERO")
 @pytest.mark.parametrize("config", list(DIST_CONFIGS))
-def test_no_token_outside_the_target_support(mtp_backend, samples, config):
+def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samples, config):
     obs = _obs(mtp_backend, config, samples(config))
-    bad = zero_probability_violations(obs)
+    n = mtp_capabilities.truncated_laws  # top-N laws: only provable zeros count
+    bad = truncated_zero_probability_violations(obs, n) if n else zero_probability_violations(obs)
     assert not bad, f"{len(bad)} of {len(obs)} emitted tokens have target probability 0 (first at observation {bad[0]})"
 
 
 @pytest.mark.contract("DIST-EQUIV")
 @pytest.mark.parametrize("config", list(DIST_CONFIGS))
-def test_emitted_tokens_follow_the_target_law(mtp_backend, samples, mtp_record, mtp_seed, config):
+def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, samples, mtp_record, mtp_seed, config):
     runs = samples(config)
     used = sum(res.speculation.used for _, res in runs)
     if not used:
         pytest.skip("speculation was not used for this configuration (see REPORT-HONEST)")
     obs = _obs(mtp_backend, config, runs)
-    g = rank_gtest(obs, alpha=ALPHA)
-    ks = pit_ks(obs, rng_seed=mtp_seed, alpha=ALPHA)
+    n = mtp_capabilities.truncated_laws  # top-N laws: ranks beyond N pool into one bin
+    g = truncated_rank_gtest(obs, n, alpha=ALPHA) if n else rank_gtest(obs, alpha=ALPHA)
+    ks = truncated_pit_ks(obs, n, rng_seed=mtp_seed, alpha=ALPHA) if n else pit_ks(obs, rng_seed=mtp_seed, alpha=ALPHA)
     accepted = sum(res.speculation.accepted for _, res in runs)
     mtp_record(config=config, gtest=g.model_dump(), pit_ks=ks.model_dump(), accepted_proposals=accepted)
     assert g.passed, f"rank G-test rejects the target law: {g.note or ''} p={g.p_value:.3g} < alpha={ALPHA:.2g} (n={g.n}, detectable TV {g.detectable_tv})"
