@@ -61,7 +61,6 @@ Import this module freely: nothing is started before a backend is loaded.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import subprocess
@@ -235,6 +234,7 @@ class LlamaServerBackend:
             self.clients["plain"] = Client(plain_url or url)
             self.clients[f"spec{depth}"] = Client(url)
         self.memo: dict[tuple, np.ndarray] = {}
+        self.last_elapsed_s: float | None = None
 
     # -- servers
     def _args(self, depth: int | None) -> list[str]:
@@ -339,11 +339,14 @@ class LlamaServerBackend:
         tokens: list[int] = []
         rounds: list[Round] = []
         segment = 0
+        self.last_elapsed_s = 0.0  # the server's own time for this request (mtpcheck bench reads it)
         while len(tokens) < request.max_tokens:
             body = self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
                               (seed + 7919 * segment) % SEED_MOD)
             out = client.post("/completion", body)
             got = [int(t) for t in out.get("tokens") or []]
+            own = out.get("timings") or {}
+            self.last_elapsed_s += (float(own.get("prompt_ms", 0.0)) + float(own.get("predicted_ms", 0.0))) / 1000
             if used:
                 chunks = client.stream("/completion", {**body, "stream": True, "timings_per_token": True})
                 seg_rounds, timings = rounds_from_stream(chunks, got)
