@@ -30,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generations", type=int, default=150)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
-    from mtpcheck.laws.stats import SUITE_ALPHA, ObservationBatch, truncate_laws, truncated_pit_ks, truncated_rank_gtest
+    from mtpcheck.laws.stats import (
+        SUITE_ALPHA,
+        ObservationBatch,
+        truncate_laws,
+        truncated_pit_ks,
+        truncated_rank_gtest,
+    )
     from mtpcheck.suite._util import STAT_SUBTESTS
 
     alpha = SUITE_ALPHA / STAT_SUBTESTS
