@@ -123,6 +123,9 @@ def test_rounds_come_from_counter_changes_and_skipped_tokens_are_tolerated():
     rounds, timings = rounds_from_stream(chunks, tokens)
     assert [(r.drafted, r.accepted) for r in rounds] == [(3, 2), (3, 1)]
     assert timings == {"draft_n": 6, "draft_n_accepted": 3}
+    # the last token of the budget is decoded without a draft: a surplus token, a round of 0 proposals
+    rounds7, _ = rounds_from_stream([*chunks, _chunk(7, 11, 6, 3)], [*tokens, 11])
+    assert [(r.drafted, r.accepted) for r in rounds7] == [(3, 2), (3, 1), (0, 0)]
     trim_to(rounds, 4)  # a stop after 4 tokens of the segment's rounds
     assert [(r.drafted, r.accepted) for r in rounds] == [(3, 2), (3, 0)]
 

@@ -171,17 +171,29 @@ class Round:
 
 def rounds_from_stream(chunks, tokens: list[int]) -> tuple[list[Round], dict]:
     """Rounds from a stream's running counters. A round is a run of chunks with
-    the same (draft_n, draft_n_accepted); chunks before the first draft carry the
-    prefill token. Checks every token the stream shows against `tokens` (the
-    plain response of the same seeded request). Returns (rounds, last timings)."""
+    the same (draft_n, draft_n_accepted) and emits its accepted proposals plus
+    one token. A token the server decodes without drafting (the last one of the
+    budget: it drafts at most ``n_remaining - 1``) shows as a surplus in the
+    chunks' ``tokens_predicted``; it is reported as a round of 0 proposals.
+    Checks every token the stream shows against `tokens` (the plain response of
+    the same seeded request). Returns (rounds, last timings)."""
     rounds: list[Round] = []
     prev = (0, 0)
     timings: dict = {}
+    emitted = 1  # the prefill token, then accepted + 1 per round, + 1 per undrafted step
+
+    def settle(seen: int) -> None:
+        nonlocal emitted
+        while seen > emitted:  # more tokens than the rounds so far account for: undrafted steps
+            rounds.append(Round(0, 0, 1))
+            emitted += 1
+
+    seen = 0
     for ch in chunks:
         t = ch.get("timings") or {}
         if t:
             timings = t
-        n = int(ch.get("tokens_predicted", 0))
+        n = int(ch.get("tokens_predicted", 0) or 0)
         shown = ch.get("tokens") or []
         if shown:
             if n < 1 or n > len(tokens) or tokens[n - 1] != shown[-1]:
@@ -189,8 +201,12 @@ def rounds_from_stream(chunks, tokens: list[int]) -> tuple[list[Round], dict]:
                                   f"response's ({tokens[n - 1] if 0 < n <= len(tokens) else 'none'}) for the same seed")
         cur = (int(t.get("draft_n", prev[0])), int(t.get("draft_n_accepted", prev[1])))
         if cur != prev:
-            rounds.append(Round(cur[0] - prev[0], cur[1] - prev[1], 0))
+            settle(seen)  # tokens seen before this round started
+            rounds.append(Round(cur[0] - prev[0], cur[1] - prev[1], cur[1] - prev[1] + 1))
+            emitted += cur[1] - prev[1] + 1
             prev = cur
+        seen = max(seen, n)
+    settle(len(tokens))
     return rounds, timings
 
 
