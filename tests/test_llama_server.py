@@ -34,7 +34,7 @@ needs_server = pytest.mark.skipif(isinstance(BINARY, str), reason=f"llama-server
 # (measured: see docs/backends/llama-server.md, "The GGUF conversion"). MLX runs
 # the fixtures in float16, llama.cpp the float32 GGUF: the laws differ by the
 # float16 rounding of the MLX logits.
-PROB_TOL = 0.02  # max |p_mlx - p_llama| over MLX's top 5 tokens at every position
+PROB_TOL = 0.01  # max |p_mlx - p_llama| over MLX's top 5 tokens at every position (measured <= 0.006)
 NEAR_TIE = 0.03  # nats: a greedy divergence is excused only where MLX's top two are this close
 
 
