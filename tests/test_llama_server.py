@@ -232,3 +232,64 @@ def test_servers_are_started_per_depth_and_stopped_by_pid():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# -- process lifecycle, with a stand-in server (no llama-server needed) ----------------
+
+FAKE_SERVER = r'''
+import http.server, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+if "--crash" in sys.argv:
+    print("model file not found", flush=True); sys.exit(3)
+start = time.monotonic()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = time.monotonic() - start > 0.3  # "loading" first, as llama-server answers 503
+        self.send_response(200 if ok else 503); self.end_headers(); self.wfile.write(b'{"status": "ok"}')
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+@pytest.fixture
+def fake_binary(tmp_path):
+    import sys
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    exe = tmp_path / "fake-llama-server"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_server_is_waited_on_through_health_and_stopped_by_pid(fake_binary):
+    import gc
+
+    from mtpcheck.backends.httpserver import Client, ServerProcess
+
+    s = ServerProcess(fake_binary, ["-m", "x.gguf"], "fake").start()
+    assert Client(s.url).get("/health")[0] == 200
+    pid = s.pid
+    s.stop()
+    assert not _alive(pid)
+    s2 = ServerProcess(fake_binary, [], "fake").start()  # garbage collection stops it too
+    pid2 = s2.pid
+    del s2
+    gc.collect()
+    assert not _alive(pid2)
+
+
+def test_a_server_that_dies_while_starting_is_one_named_error_with_its_log(fake_binary):
+    from mtpcheck.backends.httpserver import ServerError, ServerProcess
+
+    with pytest.raises(ServerError, match="exited with 3 while starting: model file not found"):
+        ServerProcess(fake_binary, ["--crash"], "fake").start()
