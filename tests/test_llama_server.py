@@ -293,3 +293,99 @@ def test_a_server_that_dies_while_starting_is_one_named_error_with_its_log(fake_
 
     with pytest.raises(ServerError, match="exited with 3 while starting: model file not found"):
         ServerProcess(fake_binary, ["--crash"], "fake").start()
+
+
+# -- the adapters' plumbing against a stand-in server (tests/llama_server_standin.py) ---------
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    import sys
+    from pathlib import Path
+
+    exe = tmp_path_factory.mktemp("standin") / "llama-server"
+    script = Path(__file__).with_name("llama_server_standin.py")
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def standin_backend(standin):
+    from mtpcheck.backends.llama_server import load_llama_server
+
+    b = load_llama_server(server=str(standin))
+    yield b
+    b.close()
+
+
+def _spec_req(prompt, n=24, depth=3, **sp):
+    return GenerationRequest(prompt_tokens=prompt, max_tokens=n, stop_token_ids=[],
+                             sampling=SamplingParams(**{"temperature": 0.0, **sp}),
+                             speculation={"mode": "native_mtp", "num_draft_tokens": depth})
+
+
+def _with(req, **kw):
+    return GenerationRequest.model_validate({**req.model_dump(), **kw})
+
+
+def test_standin_reports_rounds_that_add_up(standin_backend):
+    from mtpcheck.checks import stats_problems
+
+    b = standin_backend
+    for i, prompt in enumerate(_prompts(b)):
+        for sp in ({}, {"temperature": 1.0, "seed": 10 + i}):
+            req = _spec_req(prompt, **sp)
+            res = b.generate(req)
+            assert res.speculation.used and len(res.tokens) == 24
+            assert not stats_problems(res, req, b.capabilities()), stats_problems(res, req, b.capabilities())
+            off = b.generate(_with(req, speculation={"mode": "off"}))
+            if not sp:
+                assert off.tokens == res.tokens  # greedy: same law, same tokens
+
+
+def test_standin_resumes_after_an_eos_the_request_does_not_stop_at(standin_backend):
+    from mtpcheck.checks import stats_problems
+
+    b = standin_backend
+    found = 0
+    for seed in range(40):
+        req = _spec_req(_prompts(b, 1)[0], n=32, temperature=1.5, seed=seed)
+        res = b.generate(req)
+        assert len(res.tokens) == 32 and not stats_problems(res, req, b.capabilities())
+        found += 0 in res.tokens[:-1]
+        stopped = b.generate(_with(req, stop_token_ids=None))  # EOS stops: cut there
+        if 0 in stopped.tokens:
+            assert stopped.tokens[-1] == 0 and stopped.finish_reason == "stop"
+    assert found, "no EOS in 40 seeded runs: the resume path was not exercised"
+
+
+def test_standin_ground_truth_rows_are_laws(standin_backend):
+    b = standin_backend
+    prompt = _prompts(b, 1)[0]
+    cont = b.generate(_spec_req(prompt, n=8)).tokens
+    laws = b.target_distributions(prompt, cont, SamplingParams(temperature=0.8, top_k=8))
+    assert laws.shape == (8, 512) and np.allclose(laws.sum(axis=1), 1.0)
+    assert ((laws > 0).sum(axis=1) <= 8).all()
+    hot = b.target_distributions(prompt, cont, SamplingParams(temperature=0.0))
+    assert (hot.max(axis=1) == 1.0).all() and hot.argmax(axis=1).tolist() == cont  # greedy path = argmax
+
+
+def test_standin_openai_http_gives_truncated_laws(standin):
+    from mtpcheck.backends.openai_http import load_openai_http
+    from mtpcheck.checks import stats_problems
+
+    b = load_openai_http(launch="llama-server", server=str(standin), top_logprobs=5)
+    try:
+        caps = b.capabilities()
+        assert caps.truncated_laws == 5
+        prompt = _prompts(b.owner, 1)[0]
+        req = _spec_req(prompt, n=16, temperature=1.0, seed=3)
+        res = b.generate(req)
+        assert res.speculation.used and not stats_problems(res, req, caps)
+        laws = b.target_distributions(prompt, res.tokens, SamplingParams(temperature=1.0))
+        assert ((laws > 0).sum(axis=1) <= 5).all() and (laws.sum(axis=1) <= 1 + 1e-6).all()
+        pids = b.pids()
+    finally:
+        b.close()
+    assert pids and not any(_alive(p) for p in pids)

@@ -169,14 +169,15 @@ class Round:
         self.drafted, self.accepted, self.emitted = drafted, accepted, emitted
 
 
-def rounds_from_stream(chunks, tokens: list[int]) -> tuple[list[Round], dict]:
+def rounds_from_stream(chunks, tokens: list[int], depth: int = 0) -> tuple[list[Round], dict]:
     """Rounds from a stream's running counters. A round is a run of chunks with
     the same (draft_n, draft_n_accepted) and emits its accepted proposals plus
     one token. A token the server decodes without drafting (the last one of the
     budget: it drafts at most ``n_remaining - 1``) shows as a surplus in the
     chunks' ``tokens_predicted``; it is reported as a round of 0 proposals.
     Checks every token the stream shows against `tokens` (the plain response of
-    the same seeded request). Returns (rounds, last timings)."""
+    the same seeded request). `depth` (proposals per round) splits a change of
+    the counters that spans rounds the stream hid. Returns (rounds, last timings)."""
     rounds: list[Round] = []
     prev = (0, 0)
     timings: dict = {}
@@ -202,8 +203,14 @@ def rounds_from_stream(chunks, tokens: list[int]) -> tuple[list[Round], dict]:
         cur = (int(t.get("draft_n", prev[0])), int(t.get("draft_n_accepted", prev[1])))
         if cur != prev:
             settle(seen)  # tokens seen before this round started
-            rounds.append(Round(cur[0] - prev[0], cur[1] - prev[1], cur[1] - prev[1] + 1))
-            emitted += cur[1] - prev[1] + 1
+            drafted, accepted = cur[0] - prev[0], cur[1] - prev[1]
+            # more proposals than one round drafts: the stream hid whole rounds (every token of
+            # them ended inside a UTF-8 character); they are counted as rounds of 0 accepted
+            hidden = max(0, -(-drafted // depth) - 1) if depth else 0
+            for _ in range(hidden):
+                rounds.append(Round(depth, 0, 1))
+            rounds.append(Round(drafted - hidden * depth, accepted, accepted + 1))
+            emitted += hidden + accepted + 1
             prev = cur
         seen = max(seen, n)
     settle(len(tokens))
@@ -365,7 +372,7 @@ class LlamaServerBackend:
             self.last_elapsed_s += (float(own.get("prompt_ms", 0.0)) + float(own.get("predicted_ms", 0.0))) / 1000
             if used:
                 chunks = client.stream("/completion", {**body, "stream": True, "timings_per_token": True})
-                seg_rounds, timings = rounds_from_stream(chunks, got)
+                seg_rounds, timings = rounds_from_stream(chunks, got, depth)
                 final = out.get("timings") or {}
                 if (int(final.get("draft_n", 0)), int(final.get("draft_n_accepted", 0))) != \
                         (int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))):

@@ -179,7 +179,7 @@ class OpenAIHttpBackend:
             if used:
                 chunks = client.stream("/v1/completions", {**body, "stream": True, "timings_per_token": True})
                 seg_rounds, _ = rounds_from_stream(({**(c.get("__verbose") or {}), "timings": c.get("timings")}
-                                                    for c in chunks), got)
+                                                    for c in chunks), got, depth)
                 if segment:
                     seg_rounds.insert(0, Round(0, 0, 0))
             eos_stop = finish == "stop" and bool(got) and got[-1] in self.eos_ids
