@@ -4,9 +4,12 @@ starts itself and must stop (by PID, never by name).
 A :class:`ServerProcess` listens on 127.0.0.1 at a free port, is waited on
 through ``GET /health``, and is stopped by :meth:`ServerProcess.stop`, by
 garbage collection, at interpreter exit (Ctrl-C included: KeyboardInterrupt
-unwinds to exit) through one ``weakref.finalize`` per process. On Linux the
-child also gets ``PR_SET_PDEATHSIG`` so that it dies with this process even
-when this process is killed outright (SIGKILL runs no exit handlers)."""
+unwinds to exit) through one ``weakref.finalize`` per process. On Linux a
+child started from the main thread also gets ``PR_SET_PDEATHSIG`` so that it
+dies with this process even when this process is killed outright (SIGKILL
+runs no exit handlers); the signal fires when the forking *thread* ends, so
+children started from worker threads (the harness's timeout guard) go
+without it."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -188,7 +192,10 @@ class ServerProcess:
         cmd = [self.binary, *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            # the parent-death signal follows the *thread* that forks: only from the main thread
+            # (the harness calls backends from worker threads, which end after each call)
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") and
+            threading.current_thread() is threading.main_thread() else None,
         )
         self._finalizer = weakref.finalize(self, _stop, self.proc, log)
         client = Client(self.url, timeout=5.0)
