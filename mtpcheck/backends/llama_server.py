@@ -262,7 +262,10 @@ class LlamaServerBackend:
     # -- servers
     def _args(self, depth: int | None) -> list[str]:
         args = ["-m", str(self.model), "-c", str(self.ctx), "-np", "1", "-t", str(self.threads),
-                "-tb", str(self.threads), "--no-warmup", "--no-webui", "-ngl", "0"]
+                "-tb", str(self.threads), "--no-warmup", "--no-webui", "-ngl", "0",
+                # flash attention makes a batched pass differ from one-token steps by up to 5e-3 in
+                # log-probability (measured with it on); verification is batched, plain decoding is not
+                "-fa", "off"]
         if depth is None:
             return args
         args += ["--spec-draft-n-max", str(depth), "--spec-draft-p-min", "0",
