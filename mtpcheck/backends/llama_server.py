@@ -273,7 +273,7 @@ class LlamaServerBackend:
         if self.config == "mtp":
             args += ["--spec-type", "draft-mtp"]
         else:
-            args += ["--spec-draft-model", str(self.draft), "-ngld", "0"]
+            args += ["--spec-type", "draft-simple", "--spec-draft-model", str(self.draft), "-ngld", "0"]
         return args
 
     def client(self, depth: int | None) -> Client:
