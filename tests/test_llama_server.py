@@ -103,7 +103,7 @@ def test_sampling_maps_every_field_in_the_contracts_order():
     assert body["samplers"] == ["penalties", "temperature", "top_k", "top_p", "min_p"]
     assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"]) == (0.7, 5, 0.9, 0.1)
     assert (body["repeat_penalty"], body["presence_penalty"], body["frequency_penalty"]) == (1.3, 0.5, 0.25)
-    assert body["repeat_last_n"] == -1 and body["logit_bias"] == [[3, 1.5], [7, -2.0]]
+    assert body["repeat_last_n"] == 2048 and body["logit_bias"] == [[3, 1.5], [7, -2.0]]
     mapped = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
               "frequency_penalty", "logit_bias", "seed"}
     assert set(SamplingParams.model_fields) <= mapped, "a new contract field must be mapped or refused"

@@ -28,7 +28,7 @@ field is mapped, none dropped:
 
 * sampling: ``temperature`` (0: greedy), ``top_k`` (0: off), ``top_p``,
   ``min_p``, ``repeat_penalty``/``presence_penalty``/``frequency_penalty``
-  over the whole history (``repeat_last_n: -1``; llama.cpp's sampler counts
+  over the whole history (``repeat_last_n`` = the context size; llama.cpp's sampler counts
   the prompt), ``logit_bias`` as [id, bias] pairs, ``seed``; the sampler chain
   is fixed to the contract's order with ``samplers: [penalties, temperature,
   top_k, top_p, min_p]`` (llama.cpp applies logit bias first, as the contract
@@ -143,7 +143,7 @@ def gguf_vocab(path: Path) -> tuple[int, list[int]]:
     return len(tokens.data), ([int(eos.contents())] if eos is not None else [])
 
 
-def sampling_body(sp: SamplingParams) -> dict:
+def sampling_body(sp: SamplingParams, context: int = 2048) -> dict:
     """The contract's sampling as llama-server request fields (the whole chain, no defaults left to the server)."""
     body = {
         "temperature": sp.temperature,
@@ -153,7 +153,9 @@ def sampling_body(sp: SamplingParams) -> dict:
         "repeat_penalty": sp.repetition_penalty if sp.repetition_penalty is not None else 1.0,
         "presence_penalty": sp.presence_penalty or 0.0,
         "frequency_penalty": sp.frequency_penalty or 0.0,
-        "repeat_last_n": -1,  # the whole context: prompt and output, as the contract has it
+        # the whole context (prompt and output), as the contract has it; this build refuses -1
+        # ("Value must be between 0 <= value") and sizes a ring buffer by it, so the context size
+        "repeat_last_n": context,
         "logit_bias": [[int(t), float(b)] for t, b in sorted((sp.logit_bias or {}).items())],
         "samplers": SAMPLERS,
         "typical_p": 1.0, "xtc_probability": 0.0, "dry_multiplier": 0.0, "top_n_sigma": -1.0, "mirostat": 0,
@@ -319,7 +321,9 @@ class LlamaServerBackend:
             acceptance_rule=rule,
             first_token_from_prefill=True,
             seeded_determinism=True,
-            position_addressed_target_sampling=False,
+            # greedy drafts, exact match: the target draws one number per emitted position from the
+            # request's seeded stream, with speculation as without (measured: seeded on == off)
+            position_addressed_target_sampling=self.draft_sampling == "greedy",
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty",
                                            "presence_penalty", "frequency_penalty", "logit_bias"],
             target_distributions=True,
@@ -350,7 +354,7 @@ class LlamaServerBackend:
         return spec, used, depth, reason, message
 
     def _body(self, prompt: list[int], n: int, sp: SamplingParams, seed: int) -> dict:
-        return {"prompt": list(prompt), "n_predict": n, "seed": seed, **sampling_body(sp),
+        return {"prompt": list(prompt), "n_predict": n, "seed": seed, **sampling_body(sp, self.ctx),
                 "return_tokens": True, "cache_prompt": True, "n_probs": 0, "stream": False}
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
