@@ -158,9 +158,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         toks, probs, eos = [], [], False
-        for tok, p, eos in slot.run():
+        for tok, p, at_eos in slot.run():
             toks.append(tok)
             probs.append((tok, p))
+            eos = at_eos
         timings = {"prompt_ms": 1.0, "predicted_ms": 2.0 * len(toks), "predicted_n": len(toks)}
         if slot.draft_n:
             timings.update(draft_n=slot.draft_n, draft_n_accepted=slot.draft_acc)
