@@ -195,6 +195,11 @@ class Guarded:
         if not np.all(np.isfinite(p)) or (p < 0).any():
             raise BackendGarbage("target_distributions() holds negative or non-finite probabilities")
         sums = p.sum(axis=1)
-        if len(sums) and np.max(np.abs(sums - 1.0)) > 1e-6:
+        top_n = self.capabilities().truncated_laws
+        if top_n:  # top-N rows: at most N nonzero, summing to at most 1 (the rest is the tail)
+            if len(sums) and (np.max(sums) > 1.0 + 1e-6 or np.max((p > 0).sum(axis=1)) > top_n):
+                raise BackendGarbage(f"target_distributions() truncated rows (top {top_n}) sum up to "
+                                     f"{sums.max():.6g} with up to {int(np.max((p > 0).sum(axis=1)))} nonzero entries")
+        elif len(sums) and np.max(np.abs(sums - 1.0)) > 1e-6:
             raise BackendGarbage(f"target_distributions() rows sum to {sums.min():.6g}..{sums.max():.6g}, not 1")
         return p

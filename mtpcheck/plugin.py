@@ -232,6 +232,15 @@ def pytest_sessionfinish(session, exitstatus):
             write(config.getoption(option))
 
 
+def pytest_unconfigure(config):
+    """Close the backend once the run is over: a backend that started processes
+    (llama-server) stops them here, not only at interpreter exit."""
+    backend = config.stash.get(STASH_BACKEND, None)
+    close = getattr(getattr(backend, "backend", None), "close", None)
+    if callable(close):
+        close()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     rec = config.stash.get(STASH_RECORDER, None)
     if rec is not None and rec.has_clauses() and not _is_worker(config):

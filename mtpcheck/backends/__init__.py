@@ -15,6 +15,8 @@ BUILTINS: dict[str, str] = {
     "toy": "mtpcheck.backends.toy:load_toy",
     "mlx-vlm": "mtpcheck.backends.mlx_vlm:load_mlx_vlm",
     "mlx-lm": "mtpcheck.backends.mlx_lm:load_mlx_lm",
+    "llama-server": "mtpcheck.backends.llama_server:load_llama_server",
+    "openai-http": "mtpcheck.backends.openai_http:load_openai_http",
 }
 ENTRY_POINT_GROUP = "mtpcheck.backends"
 

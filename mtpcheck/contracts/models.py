@@ -222,6 +222,12 @@ class Capabilities(_Strict):
         default_factory=lambda: ["temperature"], description="controls honoured with speculation on"
     )
     target_distributions: bool = False
+    truncated_laws: int | None = Field(
+        None, ge=1,
+        description="target_distributions gives only the top N probabilities of each row (zeros elsewhere; the row"
+        " sums to 1 - the tail mass), as HTTP servers return top-N log-probabilities: the statistical clauses pool"
+        " ranks beyond N into one bin. None: whole laws",
+    )
     logprobs: bool = False
     traces: bool = False
     text: bool = False

@@ -463,3 +463,184 @@ def samples_for_tv(tv: float, n_bins: int, alpha: float, power: float = DEFAULT_
     while detectable_tv(n, n_bins, alpha, power) > tv:  # guard float rounding of the ceil
         n += 1
     return n
+
+
+# --------------------------------------------------------------------------
+# truncated laws: the top N probabilities of each row, the rest one tail
+#
+# HTTP servers return the top N log-probabilities (vLLM: 20 by default), not
+# the whole law. A truncated row holds those N probabilities (zeros
+# elsewhere) and sums to 1 - m, m the tail mass. Both tests below coarsen
+# the whole-law tests so that they stay exact under the null: ranks >= N
+# pool into one tail bin (expected mass m), and the PIT of a tail token is
+# uniform on [1 - m, 1]. The power this costs is in docs/statistics.md.
+
+
+def truncate_laws(P: np.ndarray, top_n: int) -> np.ndarray:
+    """Whole laws [n, V] -> their top-`top_n` rows (ties by lower id), zeros elsewhere."""
+    P = np.array(P, dtype=np.float64, ndmin=2)
+    if top_n >= P.shape[1]:
+        return P
+    order = np.argsort(-P, axis=1, kind="stable")
+    out = np.zeros_like(P)
+    keep = order[:, :top_n]
+    rows = np.arange(len(P))[:, None]
+    out[rows, keep] = P[rows, keep]
+    return out
+
+
+def _stack_truncated(obs: Observations, top_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """tokens [n], P [n, V] (the top-N rows), tail mass [n], valid [n]."""
+    if top_n < 1:
+        raise ValueError("top_n must be >= 1")
+    if isinstance(obs, ObservationBatch):
+        P = np.array(obs.probs, dtype=np.float64, ndmin=2)
+        raw = np.asarray(obs.tokens, dtype=np.int64).ravel()
+    else:
+        obs = list(obs)
+        rows = [np.asarray(p, dtype=np.float64).ravel() for _, p in obs]
+        vmax = max((len(r) for r in rows), default=0)
+        P = np.zeros((len(rows), vmax))
+        for i, r in enumerate(rows):
+            P[i, : len(r)] = r
+        raw = np.array([int(t) for t, _ in obs], dtype=np.int64)
+    if P.shape[0] != raw.shape[0]:
+        raise ValueError("one token per distribution")
+    valid = (raw >= 0) & (raw < P.shape[1])
+    tokens = np.where(valid, raw, 0)
+    if len(tokens):
+        if not np.all(np.isfinite(P)) or np.any(P < 0):
+            raise ValueError("target distributions must be finite and non-negative")
+        if np.any((P > 0).sum(axis=1) > top_n):
+            raise ValueError(f"a truncated row holds more than top_n={top_n} nonzero probabilities")
+        sums = P.sum(axis=1)
+        if np.any(sums > 1.0 + 1e-6):
+            bad = int(np.argmax(sums))
+            raise ValueError(f"observation {bad}: truncated law sums to {sums[bad]!r} > 1")
+    tail = np.clip(1.0 - P.sum(axis=1), 0.0, 1.0) if len(tokens) else np.zeros(0)
+    tail[tail < 1e-9] = 0.0  # float rounding of a whole law
+    return tokens, P, tail, valid
+
+
+def _truncated_zero_mask(tokens, P, tail, valid) -> np.ndarray:
+    """A token of probability 0: outside the vocabulary, or outside the top N
+    of a row whose tail is empty (a named top-N token always has p > 0)."""
+    if len(tokens) == 0:
+        return np.zeros(0, dtype=bool)
+    listed = P[np.arange(len(tokens)), tokens] > 0
+    return ~valid | (~listed & (tail <= 0.0))
+
+
+def truncated_zero_probability_violations(obs: Observations, top_n: int) -> list[int]:
+    """DIST-ZERO on truncated laws: only tokens that are provably of
+    probability 0 (see :func:`_truncated_zero_mask`) count."""
+    tokens, P, tail, valid = _stack_truncated(obs, top_n)
+    return np.flatnonzero(_truncated_zero_mask(tokens, P, tail, valid)).tolist()
+
+
+def _truncated_ranked(tokens, P, tail, top_n):
+    """Rank of each token (top_n for a tail token) and the sorted masses
+    [n, top_n + 1]: the top N in rank order, then the tail."""
+    order = np.argsort(-P, axis=1, kind="stable")[:, :top_n]
+    sorted_p = np.take_along_axis(P, order, axis=1)
+    listed = P[np.arange(len(tokens)), tokens] > 0
+    hit = order == tokens[:, None]
+    ranks = np.where(listed, np.argmax(hit, axis=1), top_n)
+    return ranks, np.concatenate([sorted_p, tail[:, None]], axis=1)
+
+
+def truncated_rank_gtest(
+    obs: Observations,
+    top_n: int,
+    n_bins: int | None = None,
+    alpha: float = SUITE_ALPHA,
+    *,
+    min_expected: float = MIN_EXPECTED,
+    power: float = DEFAULT_POWER,
+) -> TestResult:
+    """:func:`rank_gtest` on truncated laws: rank bins 0, 1, 2, 3-4, ... up to
+    rank N-1, then one bin for every rank >= N with expected count the summed
+    tail masses; bins merged as in :func:`rank_gtest`. Whole laws (tail 0
+    everywhere) give the whole-law test cut at rank N."""
+    name = "truncated_rank_gtest"
+    tokens, P, tail, valid = _stack_truncated(obs, top_n)
+    n_all = len(tokens)
+    bad = _truncated_zero_mask(tokens, P, tail, valid)
+    if bad.any():
+        return _zero_result(name, alpha, n_all, bad)
+    informative = ((P > 0).sum(axis=1) + (tail > 0)) > 1
+    tokens, P, tail = tokens[informative], P[informative], tail[informative]
+    n = len(tokens)
+    dropped = n_all - n
+    if n == 0:
+        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+                          passed=True, note="no informative observations: no test", n_dropped=dropped)
+    ranks, masses = _truncated_ranked(tokens, P, tail, top_n)
+    edges = _base_edges(top_n) + [top_n + 1]  # ..., N (the tail bin)
+    base_expected = np.add.reduceat(masses, edges[:-1], axis=1).sum(axis=0)
+    base_observed = np.bincount(np.searchsorted(edges, ranks, side="right") - 1, minlength=len(edges) - 1)
+    groups = _merge(base_expected, min_expected, n_bins)
+    expected = np.array([base_expected[g].sum() for g in groups])
+    observed = np.array([base_observed[g].sum() for g in groups])
+    bins = [[edges[g[0]], edges[g[-1] + 1] - 1] for g in groups]
+    details = {"bins": bins, "observed": observed.tolist(), "expected": expected.tolist(), "top_n": top_n,
+               "tail_observed": int((ranks == top_n).sum()), "tail_expected": float(tail.sum())}
+    if len(groups) < 2:
+        return TestResult(name=name, alpha=alpha, n=n, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+                          passed=True, n_dropped=dropped, details=details,
+                          note=f"fewer than 2 bins with expected count >= {min_expected}: no test")
+    expected = expected * (n / expected.sum())
+    g, _ = stats.power_divergence(observed, expected, lambda_="log-likelihood")
+    df = len(groups) - 1
+    g_w = float(g) / _williams(n, len(groups))
+    p_value = float(stats.chi2.sf(g_w, df))
+    details["g"] = float(g)
+    return TestResult(
+        name=name, alpha=alpha, n=n, statistic=g_w, p_value=p_value, df=df,
+        detectable_tv=detectable_tv(n, len(groups), alpha, power), passed=bool(p_value > alpha),
+        note=f"G-test over {len(groups)} rank bins of top-{top_n} laws (ranks >= {top_n} pooled); "
+        f"{dropped} deterministic observation(s) dropped",
+        n_dropped=dropped, details=details,
+    )
+
+
+def truncated_pit_ks(
+    obs: Observations,
+    top_n: int,
+    rng_seed: int = 0,
+    alpha: float = SUITE_ALPHA,
+    *,
+    power: float = DEFAULT_POWER,
+) -> TestResult:
+    """:func:`pit_ks` on truncated laws: a top-N token's PIT as before, a tail
+    token's uniform on [1 - m, 1] (m its row's tail mass): still exactly U(0, 1)
+    under the null, since the tail is reached with probability m."""
+    name = "truncated_pit_ks"
+    tokens, P, tail, valid = _stack_truncated(obs, top_n)
+    n_all = len(tokens)
+    bad = _truncated_zero_mask(tokens, P, tail, valid)
+    if bad.any():
+        return _zero_result(name, alpha, n_all, bad)
+    informative = ((P > 0).sum(axis=1) + (tail > 0)) > 1
+    tokens, P, tail = tokens[informative], P[informative], tail[informative]
+    n = len(tokens)
+    dropped = n_all - n
+    if n == 0:
+        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+                          passed=True, note="no informative observations: no test", n_dropped=dropped)
+    ranks, masses = _truncated_ranked(tokens, P, tail, top_n)
+    rows = np.arange(n)
+    masses = masses / masses.sum(axis=1, keepdims=True)
+    mass = masses[rows, ranks]
+    below = np.cumsum(masses, axis=1)[rows, ranks] - mass
+    v = np.random.default_rng(rng_seed).random(n)
+    u = np.clip(below + v * mass, 0.0, 1.0)
+    res = stats.kstest(u, "uniform")
+    sup = (stats.kstwobign.isf(alpha) + stats.kstwobign.isf(1.0 - power)) / math.sqrt(n)
+    return TestResult(
+        name=name, alpha=alpha, n=n, statistic=float(res.statistic), p_value=float(res.pvalue), df=0,
+        detectable_tv=None, passed=bool(res.pvalue > alpha),
+        note=f"KS on randomized PIT of top-{top_n} laws (tail tokens uniform over the tail mass); "
+        f"{dropped} deterministic observation(s) dropped",
+        n_dropped=dropped, details={"detectable_pit_sup": sup, "rng_seed": rng_seed, "top_n": top_n},
+    )

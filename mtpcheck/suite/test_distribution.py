@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from mtpcheck.checks import logprob_problems, observations
-from mtpcheck.laws.stats import pit_ks, rank_gtest, zero_probability_violations
+from mtpcheck.laws.stats import (
+    pit_ks,
+    rank_gtest,
+    truncated_pit_ks,
+    truncated_rank_gtest,
+    truncated_zero_probability_violations,
+    zero_probability_violations,
+)
 
 from ._util import DIST_ALPHA, DIST_CONFIGS, request, seeded, spec_for
 
@@ -51,9 +58,10 @@ def _obs(backend, config, runs):
 
 @pytest.mark.contract("DIST-ZERO")
 @pytest.mark.parametrize("config", list(DIST_CONFIGS))
-def test_no_token_outside_the_target_support(mtp_backend, samples, config):
+def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samples, config):
     obs = _obs(mtp_backend, config, samples(config))
-    bad = zero_probability_violations(obs)
+    n = mtp_capabilities.truncated_laws  # top-N laws: only provable zeros count
+    bad = truncated_zero_probability_violations(obs, n) if n else zero_probability_violations(obs)
     assert not bad, f"{len(bad)} of {len(obs)} emitted tokens have target probability 0 (first at observation {bad[0]})"
 
 
@@ -66,8 +74,14 @@ def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp
     if not used:
         pytest.skip("speculation was not used for this configuration (see REPORT-HONEST)")
     obs = _obs(mtp_backend, config, runs)
-    g = rank_gtest(obs, alpha=STAGE1)
-    ks = pit_ks(obs, rng_seed=mtp_seed, alpha=STAGE1)
+    n = mtp_capabilities.truncated_laws  # top-N laws: ranks beyond N pool into one bin
+
+    def tests(obs, alpha, rng_seed):
+        if n:
+            return truncated_rank_gtest(obs, n, alpha=alpha), truncated_pit_ks(obs, n, rng_seed=rng_seed, alpha=alpha)
+        return rank_gtest(obs, alpha=alpha), pit_ks(obs, rng_seed=rng_seed, alpha=alpha)
+
+    g, ks = tests(obs, STAGE1, mtp_seed)
     accepted = sum(res.speculation.accepted for _, res in runs)
     stage, alpha = 1, STAGE1
     first = {"gtest_p": g.p_value, "pit_ks_p": ks.p_value}
@@ -75,8 +89,7 @@ def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp
         stage, alpha = 2, STAGE2
         runs = samples(config, ESCALATE * mtp_profile.dist_runs)
         obs = _obs(mtp_backend, config, runs)
-        g = rank_gtest(obs, alpha=STAGE2)
-        ks = pit_ks(obs, rng_seed=mtp_seed + 1, alpha=STAGE2)
+        g, ks = tests(obs, STAGE2, mtp_seed + 1)
     mtp_record(config=config, gtest=g.model_dump(), pit_ks=ks.model_dump(), accepted_proposals=accepted, stage=stage,
                stage1=first, generations=len(runs),
                sampled_through="generate_batch" if mtp_capabilities.generate_batch else "generate")

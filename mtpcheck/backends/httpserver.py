@@ -1,0 +1,230 @@
+"""Runtimes behind HTTP: a JSON client, and server processes this process
+starts itself and must stop (by PID, never by name).
+
+A :class:`ServerProcess` listens on 127.0.0.1 at a free port, is waited on
+through ``GET /health``, and is stopped by :meth:`ServerProcess.stop`, by
+garbage collection, at interpreter exit (Ctrl-C included: KeyboardInterrupt
+unwinds to exit) through one ``weakref.finalize`` per process. On Linux a
+child started from the main thread also gets ``PR_SET_PDEATHSIG`` so that it
+dies with this process even when this process is killed outright (SIGKILL
+runs no exit handlers); the signal fires when the forking *thread* ends, so
+children started from worker threads (the harness's timeout guard) go
+without it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from mtpcheck.contracts import MtpCheckError
+
+
+class ServerError(MtpCheckError):
+    """A server could not be started, or answered an error."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    """JSON over one keep-alive HTTP/1.1 connection (re-opened on failure)."""
+
+    def __init__(self, url: str, timeout: float = 300.0):
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https"):
+            raise ServerError(f"{url!r}: only http:// and https:// URLs")
+        self.url, self.timeout = url.rstrip("/"), timeout
+        self.https = parts.scheme == "https"
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or (443 if self.https else 80)
+        self.base = parts.path.rstrip("/")
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self.conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            self.conn = cls(self.host, self.port, timeout=self.timeout)
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def request(self, method: str, path: str, body: dict | None = None, stream: bool = False):
+        """(status, parsed JSON) or, with `stream`, (status, iterator of SSE data objects)."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
+            conn = self._connect()
+            try:
+                conn.request(method, self.base + path, body=data, headers=headers)
+                resp = conn.getresponse()
+                break
+            except (ConnectionError, http.client.HTTPException, OSError):
+                self.close()
+                if attempt:
+                    raise
+        if stream and resp.status == 200:
+            return resp.status, self._events(resp)
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return resp.status, {"raw": raw.decode("utf-8", "replace")}
+
+    def _events(self, resp):
+        try:
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                yield json.loads(payload)
+            resp.read()
+        finally:
+            if not resp.isclosed():
+                self.close()  # the stream was abandoned part-way: the connection is not reusable
+
+    def post(self, path: str, body: dict) -> dict:
+        status, out = self.request("POST", path, body)
+        if status != 200:
+            raise ServerError(f"POST {self.url}{path}: HTTP {status}: {_short(out)}")
+        return out
+
+    def stream(self, path: str, body: dict):
+        status, out = self.request("POST", path, body, stream=True)
+        if status != 200:
+            raise ServerError(f"POST {self.url}{path} (stream): HTTP {status}: {_short(out)}")
+        return out
+
+    def get(self, path: str):
+        return self.request("GET", path)
+
+
+def _short(obj, n: int = 300) -> str:
+    text = json.dumps(obj) if not isinstance(obj, str) else obj
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _stop(proc: subprocess.Popen, log) -> None:
+    """Stop one child by its PID: SIGTERM, then SIGKILL after 5 s."""
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+    finally:
+        log.close()
+        if os.environ.get("MTPCHECK_KEEP_SERVER_LOGS") is None:
+            try:
+                os.unlink(log.name)
+            except OSError:
+                pass
+
+
+class ServerProcess:
+    """One server child process. `args` are the server's own arguments less
+    ``--host``/``--port`` (added here)."""
+
+    def __init__(self, binary: str | Path, args: list[str], label: str, startup_timeout: float = 180.0):
+        self.binary, self.args, self.label = str(binary), list(args), label
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.log_path: str | None = None
+        self._finalizer = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> ServerProcess:
+        last = None
+        for _ in range(3):  # the free port may be taken between the probe and the bind
+            try:
+                return self._start_once()
+            except ServerError as exc:
+                last = exc
+                self.stop()
+                if "bind" not in str(exc).lower() and "address" not in str(exc).lower():
+                    raise
+        raise last  # type: ignore[misc]
+
+    def _start_once(self) -> ServerProcess:
+        self.port = free_port()
+        log = tempfile.NamedTemporaryFile(prefix=f"mtpcheck-{self.label}-", suffix=".log", delete=False)
+        self.log_path = log.name
+        cmd = [self.binary, *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            # the parent-death signal follows the *thread* that forks: only from the main thread
+            # (the harness calls backends from worker threads, which end after each call)
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") and
+            threading.current_thread() is threading.main_thread() else None,
+        )
+        self._finalizer = weakref.finalize(self, _stop, self.proc, log)
+        client = Client(self.url, timeout=5.0)
+        deadline = time.monotonic() + self.startup_timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise ServerError(f"{self.label}: {Path(self.binary).name} exited with {self.proc.returncode} "
+                                      f"while starting: {self.log_tail()}")
+                try:
+                    status, _ = client.get("/health")
+                    if status == 200:
+                        return self
+                except OSError:
+                    pass
+                client.close()
+                time.sleep(0.1)
+        finally:
+            client.close()
+        raise ServerError(f"{self.label}: no healthy /health within {self.startup_timeout:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").splitlines() if self.log_path else []
+        except OSError:
+            return ""
+        return " | ".join(lines[-n:])
+
+    def stop(self) -> None:
+        """Idempotent; the log is removed unless MTPCHECK_KEEP_SERVER_LOGS is set."""
+        if self._finalizer is not None:
+            self._finalizer()

@@ -1,0 +1,309 @@
+"""OpenAI-compatible completion servers as a backend (name "openai-http"):
+vLLM, SGLang, llama-server's ``/v1/completions``.
+
+The runtime is two endpoints given as URLs: ``url=`` serves speculative
+decoding (at one depth, ``depth=``, the server's own setting) and
+``plain_url=`` the same model without it (speculation off, and the ground
+truth). ``launch=llama-server`` starts both from the llama-server backend
+(options ``config``, ``depth``, ``draft_sampling``, ``server`` as there)
+instead and stops them on close.
+
+Requests: ``POST /v1/completions`` with token-id prompts (``prompt: [ids]``),
+``max_tokens``, ``seed``, ``temperature``, ``top_p``, ``presence_penalty``,
+``frequency_penalty``, ``logit_bias`` (OpenAI fields) and the extension
+fields of the server's dialect (``dialect=``) for the rest; a contract field
+the dialect cannot carry is refused (:class:`UnsupportedControl`), never dropped:
+
+* ``llama.cpp``: llama-server's own names (``top_k``, ``min_p``,
+  ``repeat_penalty`` with ``repeat_last_n: -1``, the sampler order
+  ``samplers``), ``verbose: true`` for the generated token ids
+  (``__verbose.tokens``), ``timings_per_token`` in a stream for the rounds;
+* ``vllm``: ``top_k``, ``min_p``, ``repetition_penalty`` (vLLM's extra
+  sampling parameters), ``return_token_ids``; vLLM's sampler order is its own;
+* ``sglang``: ``top_k``, ``min_p``, ``repetition_penalty``.
+
+Token ids come from the response's token-id fields, never from text. The
+speculation report needs per-request counters: llama.cpp's streamed
+``timings.draft_n`` / ``draft_n_accepted``; vLLM and SGLang expose their
+speculative counters only as server-wide metrics, so with those dialects a
+speculative request raises :class:`NoSpeculationCounters` (they were not
+run here; docs/backends/openai-http.md).
+
+Ground truth: ``logprobs: N`` (top N log-probabilities; with llama.cpp
+``post_sampling_probs`` makes them the processed law) of one-token
+completions along the plain decoding path. The laws are declared truncated
+(``truncated_laws=N``): the statistical clauses pool ranks beyond N.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from mtpcheck.backends.httpserver import Client, ServerError
+from mtpcheck.contracts import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    MtpCheckError,
+    SamplingParams,
+    SpeculationRequest,
+)
+
+DIALECTS = ("llama.cpp", "vllm", "sglang")
+SEED_MOD = 2**32 - 1
+
+
+class UnsupportedControl(MtpCheckError):
+    """A contract field this server dialect cannot carry."""
+
+
+class NoSpeculationCounters(MtpCheckError):
+    """The server gives no per-request speculation counters."""
+
+
+def completion_body(sp: SamplingParams, dialect: str) -> dict:
+    body: dict = {"temperature": sp.temperature, "top_p": sp.top_p if sp.top_p is not None else 1.0,
+                  "presence_penalty": sp.presence_penalty or 0.0, "frequency_penalty": sp.frequency_penalty or 0.0}
+    if sp.logit_bias:
+        body["logit_bias"] = {str(int(t)): float(b) for t, b in sorted(sp.logit_bias.items())}
+    if dialect == "llama.cpp":
+        from mtpcheck.backends.llama_server import sampling_body
+
+        return sampling_body(sp)  # llama-server reads its own names on /v1/completions too
+    body["top_k"] = sp.top_k if sp.top_k is not None else -1
+    body["min_p"] = sp.min_p or 0.0
+    body["repetition_penalty"] = sp.repetition_penalty if sp.repetition_penalty is not None else 1.0
+    return body
+
+
+class OpenAIHttpBackend:
+    runtime = "openai-http"
+
+    def __init__(self, *, url: str, plain_url: str, model: str, dialect: str, depth: int, kind: str,
+                 top_logprobs: int, vocab_size: int, eos_ids: list[int], speculation: bool,
+                 tokenizer=None, owner=None, rule: str = "exact_match"):
+        self.spec, self.plain = Client(url), Client(plain_url)
+        self.model, self.dialect, self.depth, self.kind = model, dialect, depth, kind
+        self.top_logprobs, self.vocab_size, self.eos_ids = top_logprobs, vocab_size, eos_ids
+        self.tokenizer, self.owner, self.rule = tokenizer, owner, rule
+        self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter=kind,
+                                          num_draft_tokens=depth)
+        self.memo: dict = {}
+
+    def close(self) -> None:
+        self.spec.close()
+        self.plain.close()
+        if self.owner is not None:
+            self.owner.close()
+
+    def pids(self) -> list[int]:
+        return self.owner.pids() if self.owner is not None else []
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            name="openai-http",
+            version=f"{self.dialect} at {self.spec.url}",
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_ids,
+            mtp_kinds=["embedded" if self.kind == "mtp" else "assistant"],
+            max_depth=self.depth,
+            acceptance_rule=self.rule,
+            first_token_from_prefill=True,
+            seeded_determinism=True,
+            speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty",
+                                           "presence_penalty", "frequency_penalty", "logit_bias"],
+            target_distributions=True,
+            truncated_laws=self.top_logprobs if self.top_logprobs < self.vocab_size else None,
+            near_tie_logit_gap=0.01,
+            text=self.tokenizer is not None,
+            notes=(f"speculative endpoint {self.spec.url} (depth {self.depth}), plain endpoint {self.plain.url}; "
+                   f"ground truth from the top {self.top_logprobs} log-probabilities"),
+        )
+
+    def _body(self, prompt, n, sp, seed) -> dict:
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": n, "seed": seed, "stream": False,
+                **completion_body(sp, self.dialect)}
+        if self.dialect == "llama.cpp":
+            body.update({"verbose": True, "return_tokens": True, "cache_prompt": True})
+        elif self.dialect == "vllm":
+            body["return_token_ids"] = True
+        return body
+
+    def _tokens(self, out: dict) -> list[int]:
+        choice = (out.get("choices") or [{}])[0]
+        toks = choice.get("token_ids")
+        if toks is None:
+            toks = (out.get("__verbose") or {}).get("tokens")
+        if toks is None:
+            raise ServerError(f"{self.dialect}: the response carries no token ids (token_ids / __verbose.tokens); "
+                              "text is never re-tokenized")
+        n = (out.get("usage") or {}).get("completion_tokens")
+        if n is not None and n != len(toks):
+            raise ServerError(f"usage.completion_tokens={n} but {len(toks)} token ids returned")
+        return [int(t) for t in toks]
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
+        from mtpcheck.backends.mlx_vlm import check_request, drive, plan_speculation, report
+
+        check_request(request, self.vocab_size)
+        spec, used, depth, reason, message = plan_speculation(request, self.default, self.kind, self.spec.url,
+                                                              self.depth, self.depth)
+        if used and depth != self.depth:
+            reason, message, used = "depth_exceeds_capability", f"the endpoint runs depth {self.depth} only", False
+        if used and self.dialect != "llama.cpp":
+            raise NoSpeculationCounters(f"{self.dialect}: no per-request speculation counters; "
+                                        "the report cannot be filled (docs/backends/openai-http.md)")
+        sp = request.sampling
+        seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
+        client = self.spec if used else self.plain
+        stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        tokens: list[int] = []
+        rounds: list = []
+        segment = 0
+        while len(tokens) < request.max_tokens:
+            body = self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
+                              (seed + 7919 * segment) % SEED_MOD)
+            out = client.post("/v1/completions", body)
+            got = self._tokens(out)
+            finish = (out.get("choices") or [{}])[0].get("finish_reason")
+            if used:
+                chunks = client.stream("/v1/completions", {**body, "stream": True, "timings_per_token": True})
+                seg_rounds, _ = rounds_from_stream(({**(c.get("__verbose") or {}), "timings": c.get("timings")}
+                                                    for c in chunks), got, depth)
+                if segment:
+                    seg_rounds.insert(0, Round(0, 0, 0))
+            eos_stop = finish == "stop" and bool(got) and got[-1] in self.eos_ids
+            resume = eos_stop and got[-1] not in stops and len(tokens) + len(got) < request.max_tokens
+            if used:
+                if resume:
+                    trim_to(seg_rounds, len(got) - (0 if segment else 1))
+                rounds += seg_rounds
+            tokens += got
+            segment += 1
+            if not resume:
+                break
+        state = drive(iter(tokens), request, stops, self.decode if self.tokenizer else (lambda t: ""))
+        from mtpcheck.backends.llama_server import LlamaServerBackend
+
+        acc, dr = LlamaServerBackend._kept_rounds(rounds, len(state.tokens))
+        rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=self.spec.url,
+                     depth=depth, draft_kind=self.kind, runtime=self.runtime, reason=reason, message=message,
+                     accept_lens=acc, draft_lens=dr).model_copy(update={"acceptance_rule": self.rule})
+        return GenerationResult(tokens=state.tokens, text=state.text_published, finish_reason=state.finish_reason,
+                                logprobs=None, events=state.events, speculation=rep, seed=seed)
+
+    def target_distributions(self, prompt, continuation, sampling: SamplingParams) -> np.ndarray:
+        from mtpcheck.backends.mlx_vlm import check_request
+
+        if not continuation:
+            return np.zeros((0, self.vocab_size))
+        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
+        greedy = sampling.temperature == 0.0
+        sp = sampling.model_copy(update={"temperature": 1.0 if greedy else sampling.temperature, "seed": None})
+        out = np.stack([self.law(list(prompt) + list(continuation[:i]), sp) for i in range(len(continuation))])
+        if greedy:
+            hot = np.zeros_like(out)
+            hot[np.arange(len(out)), np.argmax(out, axis=1)] = 1.0
+            return hot
+        return out
+
+    def law(self, prefix: list[int], sp: SamplingParams) -> np.ndarray:
+        """The top-N law after `prefix` (zeros beyond the top N)."""
+        key = (tuple(prefix), sp.model_dump_json())
+        if key in self.memo:
+            return self.memo[key]
+        entries = None
+        for attempt in range(64):
+            body = {**self._body(prefix, 1, sp, attempt), "logprobs": self.top_logprobs}
+            if self.dialect == "llama.cpp":
+                body["post_sampling_probs"] = True
+            out = self.plain.post("/v1/completions", body)
+            entries = self._top(out)
+            if entries:
+                break
+        if not entries:
+            raise ServerError(f"no log-probabilities after 64 seeds for a prefix of {len(prefix)} tokens")
+        row = np.zeros(self.vocab_size)
+        for tok, p in entries[: self.top_logprobs]:
+            row[tok] = p
+        if row.sum() > 1.0 + 1e-4:
+            raise ServerError(f"top-{self.top_logprobs} probabilities sum to {row.sum():.6g} > 1")
+        if self.top_logprobs >= self.vocab_size:
+            row /= row.sum()
+        self.memo[key] = row
+        return row
+
+    def _top(self, out: dict) -> list[tuple[int, float]]:
+        lp = (out.get("choices") or [{}])[0].get("logprobs") or {}
+        content = lp.get("content")
+        if content:  # llama.cpp: [{id, top_probs|top_logprobs: [{id, prob|logprob}]}]
+            first = content[0]
+            tops = first.get("top_probs") or first.get("top_logprobs") or []
+            return [(int(e["id"]), float(e["prob"]) if "prob" in e else math.exp(float(e["logprob"]))) for e in tops]
+        tops = lp.get("top_logprobs")
+        if tops:  # OpenAI legacy: [{"token_id:N": logprob}] with vLLM's return_tokens_as_token_ids
+            out_ = []
+            for k, v in tops[0].items():
+                if not k.startswith("token_id:"):
+                    raise ServerError("top_logprobs keyed by text: start vLLM with --return-tokens-as-token-ids")
+                out_.append((int(k.split(":", 1)[1]), math.exp(float(v))))
+            return sorted(out_, key=lambda e: (-e[1], e[0]))
+        return []
+
+
+def load_openai_http(
+    url: str | None = None,
+    plain_url: str | None = None,
+    model: str = "",
+    dialect: str = "llama.cpp",
+    depth: int | str = 3,
+    top_logprobs: int | str = 20,
+    vocab_size: int | str | None = None,
+    eos: str | None = None,
+    launch: str | None = None,
+    config: str = "draft",
+    draft_sampling: str = "greedy",
+    server: str | None = None,
+    speculation: str | bool = True,
+) -> OpenAIHttpBackend:
+    """Options: url / plain_url (speculative / plain endpoints), model (the
+    "model" field), dialect (llama.cpp|vllm|sglang), depth (the speculative
+    endpoint's), top_logprobs (N of the ground truth), vocab_size and eos
+    (comma-separated ids; default: the fixture's), or launch=llama-server with
+    config / draft_sampling / server to start llama-server instances."""
+    from mtpcheck.backends.mlx_vlm import switch
+
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect={dialect!r}: expected one of {', '.join(DIALECTS)}")
+    depth, n = int(depth), int(top_logprobs)
+    owner, tokenizer = None, None
+    rule = "rejection" if draft_sampling == "probabilistic" else "exact_match"
+    if launch:
+        if launch != "llama-server":
+            raise ValueError(f"launch={launch!r}: only llama-server")
+        from mtpcheck.backends.llama_server import load_llama_server
+
+        owner = load_llama_server(config=config, depth=depth, draft_sampling=draft_sampling, server=server)
+        url, plain_url = owner.client(depth).url, owner.client(None).url
+        vocab_size, eos_ids, tokenizer = owner.vocab_size, owner.eos_ids, owner.tokenizer
+    else:
+        if not url or not plain_url:  # speculation off must not be served by the speculative endpoint
+            raise ValueError("openai-http needs url= and plain_url= (speculative and plain endpoints), "
+                             "or launch=llama-server")
+        eos_ids = [int(e) for e in eos.split(",")] if eos else [0]
+        if vocab_size is None:
+            raise ValueError("openai-http needs vocab_size= for a server it did not launch")
+    kind = "mtp" if config == "mtp" else "assistant"
+    return OpenAIHttpBackend(url=url, plain_url=plain_url, model=model, dialect=dialect, depth=depth,
+                             kind=kind, top_logprobs=n, vocab_size=int(vocab_size), eos_ids=eos_ids,
+                             speculation=switch(speculation), tokenizer=tokenizer, owner=owner, rule=rule)
