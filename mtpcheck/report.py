@@ -12,77 +12,27 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
-from mtpcheck.contracts import Capabilities
+from mtpcheck.contracts.report import (  # noqa: F401 - the models live in the contract layer; re-exported
+    REPORT_MODELS,
+    SCHEMA_VERSION,
+    BackendRecord,
+    ClauseRecord,
+    NotRun,
+    Outcome,
+    Reason,
+    RunReport,
+    TestRecord,
+)
 
 # worst first: a clause with any xfailed test shows XFAILED, not PASSED (a
 # clause with passed and skipped tests shows PASSED: see RunRecorder.clauses)
 OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
-SCHEMA_VERSION = 1
-Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
-Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error"]
 # the user_properties keys a suite test carries; plain strings, so JUnit XML shows them as they are
 CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
-
-
-# -- the report's models (the published schema) ---------------------------------
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TestRecord(_Model):
-    __test__ = False  # not a pytest test class
-    clauses: list[str]
-    outcome: Outcome
-    message: str = ""
-    duration_s: float
-    evidence: list[dict[str, Any]] = Field(default_factory=list, description="mtp_record(...) calls, in order")
-
-
-class ClauseRecord(_Model):
-    title: str
-    kind: str
-    outcome: Outcome = Field(description="the worst outcome of its tests; passed with skipped tests is passed")
-    tests: dict[str, Outcome]
-    notes: list[str] = Field(description="messages of the tests that decided the outcome")
-    evidence: list[dict[str, Any]]
-
-
-class BackendRecord(_Model):
-    name: str
-    options: dict[str, str]
-    capabilities: Capabilities | None = Field(description="null when the backend failed to load")
-
-
-class NotRun(_Model):
-    clauses: dict[str, str] = Field(default_factory=dict, description="clause id -> why none of its tests ran")
-    tests: list[str] = Field(default_factory=list, description="collected (or deselected) node ids that did not run")
-
-
-class RunReport(_Model):
-    """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
-    incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
-    exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")
-    backend: BackendRecord
-    versions: dict[str, str | None]
-    profile: str
-    seed: int
-    duration_s: float
-    clauses: dict[str, ClauseRecord]
-    not_run: NotRun
-    tests: dict[str, TestRecord]
-    summary: dict[str, int] = Field(description="clauses per outcome")
-
-
-REPORT_MODELS = {"RunReport": RunReport}
 
 
 def to_plain(value: Any) -> Any:

@@ -4,17 +4,15 @@ user's error, said once in one line naming the value and what is allowed."""
 
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
 
-from mtpcheck.contracts import MtpCheckError
+from mtpcheck.backends import check_backend_options, factory_options  # noqa: F401 - part of the start-up checks
+from mtpcheck.contracts import SettingsError
 
 SEED_LIMIT = 2**63  # seeds travel as int64 in the engines and numpy generators
 
 
-class SettingsError(MtpCheckError, ValueError):
-    """A bad setting: one line naming the option, the value and what is allowed."""
 
 
 def check_timeout(value: float | str | None, option: str = "--mtp-timeout") -> float | None:
@@ -44,28 +42,6 @@ def check_seed(text: str | int) -> int:
     if not 0 <= seed < SEED_LIMIT:
         raise SettingsError(f"--mtp-seed: {seed} is outside [0, 2**63); give a seed in 0..{SEED_LIMIT - 1} or 'random'")
     return seed
-
-
-def factory_options(factory) -> list[str] | None:
-    """The keyword options a backend factory accepts, from its signature; None if it takes **kwargs."""
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-
-
-def check_backend_options(name: str, factory, options: dict[str, str]) -> None:
-    """Unknown option keys fail before the factory runs, listing the accepted ones."""
-    accepted = factory_options(factory)
-    if accepted is None:
-        return
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise SettingsError(f"--mtp-backend-option: backend {name!r} has no option {', '.join(map(repr, unknown))}; "
-                            f"it accepts: {', '.join(accepted) or 'no options'}")
 
 
 def check_writable(path: str | Path | None, option: str) -> None:

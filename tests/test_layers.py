@@ -154,8 +154,10 @@ def adapters() -> set[str]:
 
 
 # toy is the reference adapter over random models: a second loader of
-# ReferenceBackend, not a second adapter
-SAME_ADAPTER = {("mtpcheck.backends.toy", "mtpcheck.backends.reference")}
+# ReferenceBackend, not a second adapter; openai-http's llama.cpp dialect is
+# llama-server's request mapping, and launch=llama-server starts its servers
+SAME_ADAPTER = {("mtpcheck.backends.toy", "mtpcheck.backends.reference"),
+                ("mtpcheck.backends.openai_http", "mtpcheck.backends.llama_server")}
 
 
 def test_no_adapter_imports_another():

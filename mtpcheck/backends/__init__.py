@@ -5,10 +5,11 @@ is called with the --mtp-backend-option KEY=VALUE pairs as keyword strings."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import traceback
 from importlib.metadata import entry_points
 
-from mtpcheck.contracts import MtpCheckError
+from mtpcheck.contracts import MtpCheckError, SettingsError
 
 BUILTINS: dict[str, str] = {
     "mlx": "mtpcheck.backends.reference:load_reference",
@@ -75,12 +76,32 @@ def _where(exc: BaseException) -> str:
     return f"{frame.filename}:{frame.lineno}"
 
 
+def factory_options(factory) -> list[str] | None:
+    """The keyword options a backend factory accepts, from its signature; None if it takes **kwargs."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_backend_options(name: str, factory, options: dict[str, str]) -> None:
+    """Unknown option keys fail before the factory runs, listing the accepted ones."""
+    accepted = factory_options(factory)
+    if accepted is None:
+        return
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise SettingsError(f"--mtp-backend-option: backend {name!r} has no option {', '.join(map(repr, unknown))}; "
+                            f"it accepts: {', '.join(accepted) or 'no options'}")
+
+
 def load_backend(name: str, options: dict[str, str] | None = None):
     """Call the factory with the options; unknown keys are a SettingsError
     (checked against its signature first, so that a TypeError raised inside
     the factory is reported as the bug it is, not as a bad option)."""
-    from mtpcheck.settings import check_backend_options
-
     factory = resolve_factory(name)
     check_backend_options(name, factory, options or {})
     try:

@@ -339,7 +339,7 @@ class LlamaServerBackend:
 
     # -- generation
     def plan(self, req: GenerationRequest):
-        from mtpcheck.backends.mlx_vlm import plan_speculation
+        from mtpcheck.backends._library import plan_speculation
 
         spec, used, depth, reason, message = plan_speculation(
             req, self.default, self.kind, str(self.draft or self.model), self.depth, MAX_DEPTH)
@@ -358,7 +358,7 @@ class LlamaServerBackend:
                 "return_tokens": True, "cache_prompt": True, "n_probs": 0, "stream": False}
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        from mtpcheck.backends.mlx_vlm import check_request, drive, report
+        from mtpcheck.backends._library import check_request, drive, report
 
         check_request(request, self.vocab_size)
         spec, used, depth, reason, message = self.plan(request)
@@ -431,7 +431,7 @@ class LlamaServerBackend:
 
     # -- ground truth
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        from mtpcheck.backends.mlx_vlm import check_request
+        from mtpcheck.backends._library import check_request
 
         if not continuation:
             return np.zeros((0, self.vocab_size))
@@ -502,7 +502,7 @@ def load_llama_server(
     running speculative / plain servers: nothing is started), model / draft
     (GGUF files instead of the converted fixtures), tokenizer (a tokenizer.json
     for text; default the fixture's), threads, ctx."""
-    from mtpcheck.backends.mlx_vlm import switch
+    from mtpcheck.backends._library import switch
     from mtpcheck.fixture import gguf_export
 
     if config not in CONFIGS:

@@ -153,7 +153,7 @@ class OpenAIHttpBackend:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
-        from mtpcheck.backends.mlx_vlm import check_request, drive, plan_speculation, report
+        from mtpcheck.backends._library import check_request, drive, plan_speculation, report
 
         check_request(request, self.vocab_size)
         spec, used, depth, reason, message = plan_speculation(request, self.default, self.kind, self.spec.url,
@@ -203,7 +203,7 @@ class OpenAIHttpBackend:
                                 logprobs=None, events=state.events, speculation=rep, seed=seed)
 
     def target_distributions(self, prompt, continuation, sampling: SamplingParams) -> np.ndarray:
-        from mtpcheck.backends.mlx_vlm import check_request
+        from mtpcheck.backends._library import check_request
 
         if not continuation:
             return np.zeros((0, self.vocab_size))
@@ -281,7 +281,7 @@ def load_openai_http(
     endpoint's), top_logprobs (N of the ground truth), vocab_size and eos
     (comma-separated ids; default: the fixture's), or launch=llama-server with
     config / draft_sampling / server to start llama-server instances."""
-    from mtpcheck.backends.mlx_vlm import switch
+    from mtpcheck.backends._library import switch
 
     if dialect not in DIALECTS:
         raise ValueError(f"dialect={dialect!r}: expected one of {', '.join(DIALECTS)}")

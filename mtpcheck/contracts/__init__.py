@@ -4,6 +4,7 @@ from .errors import (
     BackendError,
     MtpCheckError,
     PromptTooLongError,
+    SettingsError,
     SpeculationUnavailableError,
     check_prompt_length,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "PromptTooLongError",
     "RoundTrace",
     "SamplingParams",
+    "SettingsError",
     "SpeculationReport",
     "SpeculationRequest",
     "SpeculationUnavailableError",

@@ -37,3 +37,7 @@ def check_prompt_length(prompt_tokens, limit: int | None) -> None:
     n = len(prompt_tokens)
     if limit is not None and n > limit:
         raise PromptTooLongError(n, limit)
+
+
+class SettingsError(MtpCheckError, ValueError):
+    """A bad setting: one line naming the option, the value and what is allowed."""

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 from .models import SCHEMA_MODELS
+from .report import REPORT_MODELS  # the run's JSON report is an interface too
 
 
 def render_schemas() -> dict[str, str]:
     """File name -> canonical JSON text, one file per model."""
-    from mtpcheck.report import REPORT_MODELS  # the run's JSON report is an interface too
-
     return {
         f"{name}.schema.json": json.dumps(model.model_json_schema(), indent=2, sort_keys=True) + "\n"
         for name, model in {**SCHEMA_MODELS, **REPORT_MODELS}.items()
