@@ -13,11 +13,14 @@ class _Wrapper:
         self.inner = inner
         self.engine = inner.engine
 
-    def capabilities(self):
-        return self.inner.capabilities()
+    def capabilities(self):  # the wrapper offers no stream: what it breaks is generate()
+        return self.inner.capabilities().model_copy(update={"streaming": False})
 
     def generate(self, req):
         return self.inner.generate(req)
+
+    def generate_batch(self, reqs):  # through this wrapper's own (broken) generate()
+        return [self.generate(r) for r in reqs]
 
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)
