@@ -1,5 +1,5 @@
 """Benchmark session settings: the baseline storage and the regression gate
-come from the repository (benchmarks/baseline/, mtpcheck/bench_gates.toml)
+come from the repository (benchmarks/baseline/, mtpcheck/measurement/bench_gates.toml)
 unless given on the command line; per-run tables and gate lines are printed
 at the end."""
 
@@ -31,7 +31,7 @@ def pytest_configure(config):
     if opt.benchmark_compare and not opt.benchmark_compare_fail:
         from pytest_benchmark.utils import parse_compare_fail
 
-        from mtpcheck.bench import load_gates
+        from mtpcheck.measurement.bench import load_gates
 
         spec = load_gates().get("compare_fail")
         if spec:

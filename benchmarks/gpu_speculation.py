@@ -190,8 +190,8 @@ def main(argv=None) -> int:
 
     # -- the shipped tiny fixture (overhead-bound anywhere: absolute figures) ---------
     from mtpcheck.backends.reference import load_reference
-    from mtpcheck.bench import measure, summarise
     from mtpcheck.fixture import PROMPTS
+    from mtpcheck.measurement.bench import measure, summarise
 
     for drafter in ("mtp", "assistant"):
         backend = load_reference(drafter=drafter)

@@ -2,14 +2,14 @@
 
 Not in the default test run (testpaths = tests): timings belong here. One
 test per (backend, prompt kind) loads the backend once and runs the
-interleaved sweep of mtpcheck.bench: each pytest-benchmark round is one
+interleaved sweep of mtpcheck.measurement.bench: each pytest-benchmark round is one
 repetition over every arm (speculation off, then on at depths 1-5), after
 one unrecorded warmup repetition. pytest-benchmark's statistics are those of
 a whole repetition (what --benchmark-compare-fail guards); the figures per
 depth - realised and predicted speedup, efficiency, tokens per round,
 acceptance by position, draft/target cost ratio c, verification cost v - go
 into extra_info, hence into --benchmark-json and saved runs. The gates of
-mtpcheck/bench_gates.toml are applied to every run; a failure names the
+mtpcheck/measurement/bench_gates.toml are applied to every run; a failure names the
 figure, the floor and the run.
 
     pytest benchmarks                                   # measure, gate, print tables
@@ -26,8 +26,8 @@ import os
 
 import pytest
 
-from mtpcheck import bench
-from mtpcheck.golden import GOLDEN_BACKENDS, load_golden_backend
+from mtpcheck.machinery.golden import GOLDEN_BACKENDS, load_golden_backend
+from mtpcheck.measurement import bench
 
 BACKENDS = list(GOLDEN_BACKENDS)  # mlx (the reference), mlx-lm, mlx-vlm
 KINDS = ["structured", "prose"]

@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_contracts)
 
     inspect_mod.add_parser(sub)
-    from mtpcheck import bench, golden
+    from mtpcheck.machinery import golden
+    from mtpcheck.measurement import bench
     from mtpcheck.mutants import run as mutants_run
 
     golden.add_parser(sub)

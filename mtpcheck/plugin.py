@@ -1,5 +1,5 @@
 """pytest11 entry point: options, markers, fixtures, report. Logic lives in
-the library (mtpcheck.harness, mtpcheck.checks, mtpcheck.report).
+the library (mtpcheck.machinery.harness, mtpcheck.machinery.checks, mtpcheck.machinery.report).
 
 Must not import mlx at load time: the plugin is loaded by every pytest run in
 an environment where mtpcheck is installed. The backend is loaded on first
@@ -13,7 +13,13 @@ import warnings
 
 import pytest
 
-from mtpcheck.report import CLAUSE_PROPERTY, EVIDENCE_PROPERTY, RunRecorder, match_lines, to_plain
+from mtpcheck.machinery.report import (
+    CLAUSE_PROPERTY,
+    EVIDENCE_PROPERTY,
+    RunRecorder,
+    match_lines,
+    to_plain,
+)
 
 STASH_BACKEND = pytest.StashKey[object]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
@@ -137,7 +143,7 @@ def _backend(config):
     """Load the backend once; a load failure is recorded and re-raised per test."""
     if STASH_BACKEND not in config.stash:
         from mtpcheck.backends import load_backend
-        from mtpcheck.harness import Guarded, call_with_timeout
+        from mtpcheck.machinery.harness import Guarded, call_with_timeout
 
         rec, timeout = config.stash[STASH_RECORDER], config.stash[STASH_SETTINGS]["timeout"]
         try:  # a factory that hangs hits the timeout too
@@ -207,7 +213,7 @@ def pytest_runtest_setup(item):
     if not ids:
         return
     from mtpcheck.catalogue import load_catalogue
-    from mtpcheck.checks import missing_capabilities, skip_reason
+    from mtpcheck.machinery.checks import missing_capabilities, skip_reason
 
     backend = _backend(item.config)
     clauses = load_catalogue().by_id()
@@ -268,7 +274,7 @@ def mtp_capabilities(mtp_backend):
 
 @pytest.fixture(scope="session")
 def mtp_profile(request):
-    from mtpcheck.harness import PROFILES
+    from mtpcheck.machinery.harness import PROFILES
 
     return PROFILES[request.config.getoption("--mtp-profile")]
 
@@ -281,7 +287,7 @@ def mtp_seed(request) -> int:
 @pytest.fixture(scope="session")
 def mtp_fixture(mtp_backend):
     """Fixture prompts as token ids for this backend, by kind."""
-    from mtpcheck.checks import fixture_prompts
+    from mtpcheck.machinery.checks import fixture_prompts
 
     return fixture_prompts(mtp_backend)
 

@@ -62,7 +62,7 @@ def check_writable(path: str | Path | None, option: str) -> None:
 
 def check_id_file(path: str | None, option: str) -> list[tuple[str, str]]:
     """The xfails/skips file's entries; a missing, folder or non-UTF-8 file is a usage error."""
-    from mtpcheck.report import IdFileError, read_id_file
+    from mtpcheck.machinery.report import IdFileError, read_id_file
 
     if not path:
         return []

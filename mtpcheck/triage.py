@@ -19,8 +19,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from mtpcheck.checks import first_divergence, top2_logit_gap
 from mtpcheck.contracts import Capabilities, GenerationRequest, SamplingParams
+from mtpcheck.machinery.checks import first_divergence, top2_logit_gap
 
 # machine epsilon (spacing at 1.0) of each declarable logit dtype
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}

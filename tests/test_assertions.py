@@ -1,7 +1,7 @@
 import pytest
 
-from mtpcheck.assertions import assert_lossless
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.machinery.assertions import assert_lossless
 
 
 def test_assert_lossless_passes_the_reference_and_fails_a_mutant():

@@ -5,7 +5,7 @@ import pytest
 
 from mtpcheck.backends.toy import load_toy
 from mtpcheck.contracts import GenerationRequest, SamplingParams
-from mtpcheck.harness import BackendGarbage, Guarded
+from mtpcheck.machinery.harness import BackendGarbage, Guarded
 
 
 def _reqs():

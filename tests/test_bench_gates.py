@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from mtpcheck import bench
+from mtpcheck.measurement import bench
 
 
 def _row(depth, speedup, predicted, acc, c=0.5, v=1.0):

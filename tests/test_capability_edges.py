@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpcheck.checks import flip_excused, seeded_flip, skip_reason
 from mtpcheck.contracts import Capabilities
+from mtpcheck.machinery.checks import flip_excused, seeded_flip, skip_reason
 
 pytest_plugins = ["pytester"]
 
@@ -102,9 +102,9 @@ def test_skip_reasons_name_a_rule_value_as_a_value():
 
 def test_traced_uniform_is_the_position_addressed_target_uniform():
     from mtpcheck.backends.toy import load_toy
-    from mtpcheck.checks import traced_uniform
     from mtpcheck.contracts import GenerationRequest, SamplingParams
     from mtpcheck.engine.sampling import STREAM_TARGET, uniform
+    from mtpcheck.machinery.checks import traced_uniform
 
     backend = load_toy(acceptance="exact_match")
     prompt = [3, 4, 5, 6]
@@ -117,7 +117,7 @@ def test_traced_uniform_is_the_position_addressed_target_uniform():
 
 
 def test_report_notes_are_cut_at_a_word_boundary():
-    from mtpcheck.report import _clip
+    from mtpcheck.machinery.report import _clip
 
     line = "reason='sampling_control_unsupported' with presence_penalty, message=" + "word " * 100
     short = _clip(line, 110)

@@ -5,8 +5,8 @@ constraint failure after an earlier wrong token says it is a knock-on."""
 
 import pytest
 
-from mtpcheck.checks import trace_problems
 from mtpcheck.contracts import GenerationRequest, SamplingParams
+from mtpcheck.machinery.checks import trace_problems
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def _result(n, accept_lens, draft_lens):
 
 
 def test_greedy_divergence_right_after_a_rejection_names_the_state():
-    from mtpcheck.checks import divergence_mechanism
+    from mtpcheck.machinery.checks import divergence_mechanism
 
     res = _result(1 + 4 + 2 + 4, [3, 1, 3], [3, 3, 3])  # prefill, full round, rejection, then round 2
     assert "state not restored" in divergence_mechanism(res, 7)  # round 2, right after round 1's rejection
@@ -96,7 +96,7 @@ def test_greedy_divergence_right_after_a_rejection_names_the_state():
 
 def test_constraint_failures_after_a_wrong_token_are_knock_ons():
     from mtpcheck.engine.constraints import TokenDFA
-    from mtpcheck.scheduling import (
+    from mtpcheck.machinery.scheduling import (
         ConstraintStep,
         ScheduledOutcome,
         constraint_emit_problems,

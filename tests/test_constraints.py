@@ -6,12 +6,12 @@ by committed tokens only), and the clause checks catching broken variants
 import numpy as np
 import pytest
 
-from mtpcheck import scheduling as S
 from mtpcheck.contracts import GenerationRequest, SamplingParams
 from mtpcheck.engine import draft
 from mtpcheck.engine.constraints import DEAD, DONE, ConstraintError, Cursor, TokenDFA, masked
 from mtpcheck.engine.decode import Engine
 from mtpcheck.engine.scheduler import Scheduler
+from mtpcheck.machinery import scheduling as S
 
 END = 0
 V = 48

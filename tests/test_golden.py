@@ -1,4 +1,4 @@
-"""Golden outputs (syrupy): every case of mtpcheck.golden.CASES for the
+"""Golden outputs (syrupy): every case of mtpcheck.machinery.golden.CASES for the
 reference engine and for each real adapter that loads here, compared with
 golden/<backend>/test_golden.ambr; plus the extension's own behaviour
 (serializer, tolerance, token-level diff, unused entries failing the run).
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpcheck import golden as G
 from mtpcheck.contracts import GenerationResult, SpeculationReport
+from mtpcheck.machinery import golden as G
 
 pytest_plugins = ["pytester"]
 
@@ -153,7 +153,7 @@ def test_extension_is_rooted_per_backend(tmp_path):
 FAKE_TESTS = """
 import os
 import pytest
-from mtpcheck import golden as G
+from mtpcheck.machinery import golden as G
 from mtpcheck.contracts import GenerationResult, SpeculationReport
 
 ROOT = os.environ["GOLDEN_ROOT"]

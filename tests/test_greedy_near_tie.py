@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from mtpcheck.checks import top2_logit_gap
+from mtpcheck.machinery.checks import top2_logit_gap
 
 pytest_plugins = ["pytester"]
 

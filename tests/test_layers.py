@@ -30,7 +30,7 @@ LOWER = {
     "catalogue": set(),
     "laws": {"contracts"},
     "inspect": {"contracts"},
-    "engine": {"contracts", "scheduling"},  # engine.scheduler implements the scheduling protocol
+    "engine": {"contracts", "machinery"},  # engine.scheduler implements the scheduling protocol
     "backends": {"contracts", "engine", "fixture", "inspect", "backend", "__init__"},
 }
 

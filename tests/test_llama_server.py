@@ -167,7 +167,7 @@ def plain_mtp():
 
 
 def _prompts(backend, n=4):
-    from mtpcheck.checks import fixture_prompts
+    from mtpcheck.machinery.checks import fixture_prompts
 
     return list(fixture_prompts(backend).values())[:n]
 
@@ -330,7 +330,7 @@ def _with(req, **kw):
 
 
 def test_standin_reports_rounds_that_add_up(standin_backend):
-    from mtpcheck.checks import stats_problems
+    from mtpcheck.machinery.checks import stats_problems
 
     b = standin_backend
     for i, prompt in enumerate(_prompts(b)):
@@ -345,7 +345,7 @@ def test_standin_reports_rounds_that_add_up(standin_backend):
 
 
 def test_standin_resumes_after_an_eos_the_request_does_not_stop_at(standin_backend):
-    from mtpcheck.checks import stats_problems
+    from mtpcheck.machinery.checks import stats_problems
 
     b = standin_backend
     found = 0
@@ -375,7 +375,7 @@ def test_standin_ground_truth_rows_are_laws(standin_backend):
 
 def test_standin_openai_http_gives_truncated_laws(standin):
     from mtpcheck.backends.openai_http import load_openai_http
-    from mtpcheck.checks import stats_problems
+    from mtpcheck.machinery.checks import stats_problems
 
     b = load_openai_http(launch="llama-server", server=str(standin), top_logprobs=5)
     try:

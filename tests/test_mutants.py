@@ -71,7 +71,7 @@ def test_declared_clauses_exist_and_every_clause_kills_something():
     """Every clause the zoo's base backend (toy) can run is declared by some mutant;
     clauses needing a capability it lacks (e.g. inspection) are skipped there."""
     from mtpcheck.backends.toy import load_toy
-    from mtpcheck.checks import missing_capabilities
+    from mtpcheck.machinery.checks import missing_capabilities
 
     clauses = load_catalogue().by_id()
     declared = {c for m in MUTANTS.values() for c in m.clauses}

@@ -10,7 +10,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import mtpcheck.suite
-from mtpcheck.harness import PROFILES
+from mtpcheck.machinery.harness import PROFILES
 
 
 def run_failing_property(profile):

@@ -3,8 +3,8 @@ the reference and on the mutants that publish too early, in process."""
 
 import pytest
 
-from mtpcheck.checks import events_problems, stream_problems, trace_problems
 from mtpcheck.contracts import GenerationRequest, SamplingParams, StreamChunk, TokenEvent
+from mtpcheck.machinery.checks import events_problems, stream_problems, trace_problems
 
 
 def _req(seed=None, temperature=0.0, trace=False):

@@ -171,7 +171,7 @@ def test_mlx_lm_speculation_on_and_off(lm):
 def test_mlx_lm_declares_its_schedule_and_stats_consistent_checks_it(lm):
     """mlx-lm emits its first token from round 0 and declares so; the same
     adapter declaring a prefill token it does not have fails STATS-CONSISTENT."""
-    from mtpcheck.checks import stats_problems
+    from mtpcheck.machinery.checks import stats_problems
 
     caps = lm.capabilities()
     assert caps.first_token_from_prefill is False

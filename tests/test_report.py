@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtpcheck.report import RunRecorder
+from mtpcheck.machinery.report import RunRecorder
 
 
 def report(nodeid, when, outcome, clauses=("STATS-CONSISTENT",), xfail_reason=None, message="boom"):
@@ -96,7 +96,7 @@ def test_a_test_cut_by_an_interrupt_is_not_run_not_a_crash(recorder):
 def test_numpy_evidence_becomes_plain_json():
     import numpy as np
 
-    from mtpcheck.report import to_plain
+    from mtpcheck.machinery.report import to_plain
 
     plain = to_plain({"p": np.float64(0.5), "n": np.int64(3), "a": np.arange(2), "t": (1, np.float32(2.5)),
                       "bad": float("nan")})

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from mtpcheck.report import RunReport, check_report
+from mtpcheck.machinery.report import RunReport, check_report
 
 pytest_plugins = ["pytester"]
 
@@ -233,8 +233,8 @@ def test_a_hanging_factory_hits_the_timeout(tree):
 
 def test_a_hanging_scheduler_opener_hits_the_timeout():
     from mtpcheck.contracts import Capabilities
-    from mtpcheck.harness import BackendTimeout, Guarded
-    from mtpcheck.scheduling import open_session
+    from mtpcheck.machinery.harness import BackendTimeout, Guarded
+    from mtpcheck.machinery.scheduling import open_session
 
     class Hangs:
         def capabilities(self):
@@ -276,7 +276,7 @@ def test_mtp_record_without_a_contract_marker_is_recorded(tree):
 
 
 def test_report_validate_command(tmp_path):
-    from mtpcheck.report import main
+    from mtpcheck.machinery.report import main
 
     good = tmp_path / "r.json"
     good.write_text(RunReport.model_validate({
@@ -317,7 +317,7 @@ def test_bad_settings_are_one_line_usage_errors(tree, args, message):
 
 @pytest.mark.parametrize("name", ["mlx-vlm", "mlx_vlm", "mlx_vlm.txt"])
 def test_shipped_xfails_lists_resolve_by_name_from_any_folder(tmp_path, monkeypatch, name):
-    from mtpcheck.report import read_id_file, resolve_id_file
+    from mtpcheck.machinery.report import read_id_file, resolve_id_file
 
     monkeypatch.chdir(tmp_path)
     assert resolve_id_file(name).name == "mlx_vlm.txt"

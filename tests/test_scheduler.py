@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from mtpcheck import scheduling as S
 from mtpcheck.contracts import GenerationRequest, SamplingParams
 from mtpcheck.engine import decode, draft
 from mtpcheck.engine.decode import Engine
 from mtpcheck.engine.invariants import cache_problems
 from mtpcheck.engine.scheduler import Scheduler, SchedulerOptions
+from mtpcheck.machinery import scheduling as S
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_lookahead_reuse_rate_on_the_fixture():
     if not (FIXTURE_DIR / "fixture.json").is_file():
         pytest.skip("mtpcheck/fixture/tiny not built yet")
     from mtpcheck.backends.reference import load_reference
-    from mtpcheck.checks import fixture_prompts
+    from mtpcheck.machinery.checks import fixture_prompts
 
     backend = load_reference(drafter="assistant", depth=3)
     rate = lookahead_reuse(backend, list(fixture_prompts(backend).values()), max_tokens=24)
@@ -220,7 +220,7 @@ def lookahead_reuse(backend, prompts, max_tokens=48, temperatures=(0.0, 1.0)) ->
 def test_a_hanging_session_call_is_a_named_timeout():
     import time
 
-    from mtpcheck.harness import BackendTimeout
+    from mtpcheck.machinery.harness import BackendTimeout
 
     class Hangs:
         def open_scheduler(self, **options):

@@ -4,8 +4,8 @@ holds under one schedule and fails under the other."""
 
 import pytest
 
-from mtpcheck.checks import stats_problems
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SpeculationReport
+from mtpcheck.machinery.checks import stats_problems
 
 PREFILL = Capabilities(name="b", version="0", vocab_size=16, mtp_kinds=["assistant"], max_depth=3)
 NO_PREFILL = PREFILL.model_copy(update={"first_token_from_prefill": False})

@@ -152,8 +152,8 @@ class OpenAIHttpBackend:
         return [int(t) for t in toks]
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
         from mtpcheck.backends._library import check_request, drive, plan_speculation, report
+        from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
 
         check_request(request, self.vocab_size)
         spec, used, depth, reason, message = plan_speculation(request, self.default, self.kind, self.spec.url,

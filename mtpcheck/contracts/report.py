@@ -1,7 +1,7 @@
 """The JSON report of a suite run (--mtp-json, `mtpcheck run --json`): its
 models are an interface like the request and result, so their schema is
 published in contracts/schemas/ (RunReport.schema.json). Written by
-mtpcheck.report."""
+mtpcheck.machinery.report."""
 
 from __future__ import annotations
 

@@ -28,7 +28,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from mtpcheck.contracts import GenerationRequest
-from mtpcheck.scheduling import ConstraintSpec, ConstraintStep, LookaheadRecord, ScheduledOutcome
+from mtpcheck.machinery.scheduling import (
+    ConstraintSpec,
+    ConstraintStep,
+    LookaheadRecord,
+    ScheduledOutcome,
+)
 
 from .constraints import TokenDFA, compile_constraint
 from .decode import Engine, RequestState
@@ -53,7 +58,7 @@ class Job:
 
 
 class Scheduler:
-    """Implements mtpcheck.scheduling.SchedulerSession for the reference engine."""
+    """Implements mtpcheck.machinery.scheduling.SchedulerSession for the reference engine."""
 
     def __init__(self, engine: Engine, options: SchedulerOptions | None = None):
         self.engine = engine

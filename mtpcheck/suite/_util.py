@@ -40,7 +40,7 @@ def spec_for(caps, depth: int | None = None, **kw) -> dict:
     """A speculation block for the backend's first drafter kind at a depth it
     supports. Never builds one the capabilities forbid: a backend that cannot
     speculate skips the calling test, with the reason."""
-    from mtpcheck.checks import cannot_speculate
+    from mtpcheck.machinery.checks import cannot_speculate
 
     why = cannot_speculate(caps)
     if why:

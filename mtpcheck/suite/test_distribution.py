@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from mtpcheck.checks import logprob_problems, observations
 from mtpcheck.laws.stats import (
     pit_ks,
     rank_gtest,
@@ -12,6 +11,7 @@ from mtpcheck.laws.stats import (
     truncated_zero_probability_violations,
     zero_probability_violations,
 )
+from mtpcheck.machinery.checks import logprob_problems, observations
 
 from ._util import DIST_ALPHA, DIST_CONFIGS, request, seeded, spec_for
 

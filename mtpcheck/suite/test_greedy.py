@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from mtpcheck.checks import divergence_mechanism, first_divergence, top2_logit_gap
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.machinery.checks import divergence_mechanism, first_divergence, top2_logit_gap
 
 from ._util import request, spec_for
 

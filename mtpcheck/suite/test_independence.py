@@ -7,7 +7,6 @@ the report's accept counts and target_distributions as ground truth."""
 import numpy as np
 import pytest
 
-from mtpcheck import scheduling as S
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.laws.independence import (
     acceptance_series,
@@ -16,6 +15,7 @@ from mtpcheck.laws.independence import (
     coincidence_test,
     pit_values,
 )
+from mtpcheck.machinery import scheduling as S
 
 from ._util import INDEPENDENCE_ALPHA, request, spec_for
 

@@ -4,8 +4,8 @@ where the backend streams, from the stream itself."""
 
 import pytest
 
-from mtpcheck.checks import events_problems, stream_problems
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.machinery.checks import events_problems, stream_problems
 
 from ._util import request, spec_for
 

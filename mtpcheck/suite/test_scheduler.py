@@ -1,5 +1,5 @@
 """Scheduler, lookahead and constraint clauses, through the optional
-scheduling protocol (mtpcheck.scheduling). Logic lives in mtpcheck.scheduling."""
+scheduling protocol (mtpcheck.machinery.scheduling). Logic lives in mtpcheck.machinery.scheduling."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
-from mtpcheck import scheduling as S
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.machinery import scheduling as S
 
 from ._util import request, spec_for
 

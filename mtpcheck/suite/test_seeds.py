@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from mtpcheck.checks import first_divergence, flip_excused, seeded_flip, traced_uniform
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.machinery.checks import first_divergence, flip_excused, seeded_flip, traced_uniform
 
 from ._util import request, spec_for
 

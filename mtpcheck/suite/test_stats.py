@@ -2,8 +2,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtpcheck.checks import stats_problems
-from mtpcheck.strategies import sampling_params
+from mtpcheck.machinery.checks import stats_problems
+from mtpcheck.machinery.strategies import sampling_params
 
 from ._util import request, spec_for
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mtpcheck.checks import trace_problems
+from mtpcheck.machinery.checks import trace_problems
 
 from ._util import DIST_CONFIGS, request, seeded, spec_for
 

@@ -66,7 +66,7 @@ def resolve_id_file(name: str | Path) -> Path:
     path = Path(name)
     if path.exists():
         return path
-    shipped = Path(__file__).parent / "backends" / "xfails"
+    shipped = Path(__file__).parents[1] / "backends" / "xfails"
     stem = path.name.removesuffix(".txt").replace("-", "_")
     if (shipped / f"{stem}.txt").is_file() and len(path.parts) <= 1 or (shipped / path.name).is_file():
         return shipped / f"{stem}.txt"
@@ -402,13 +402,13 @@ def check_report(path: str | Path) -> RunReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mtpcheck.report validate PATH [--complete]`: a CI check of a report file."""
+    """`python -m mtpcheck.machinery.report validate PATH [--complete]`: a CI check of a report file."""
     import argparse
     import sys
 
     import pydantic
 
-    p = argparse.ArgumentParser(prog="python -m mtpcheck.report")
+    p = argparse.ArgumentParser(prog="python -m mtpcheck.machinery.report")
     p.add_argument("action", choices=["validate"])
     p.add_argument("path")
     p.add_argument("--complete", action="store_true", help="also require complete: true")
@@ -416,10 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rep = check_report(args.path)
     except (OSError, pydantic.ValidationError) as exc:
-        sys.stderr.write(f"mtpcheck.report: {args.path}: not a valid report: {str(exc).splitlines()[0]}\n")
+        sys.stderr.write(f"mtpcheck.machinery.report: {args.path}: not a valid report: {str(exc).splitlines()[0]}\n")
         return 1
     if args.complete and not rep.complete:
-        sys.stderr.write(f"mtpcheck.report: {args.path}: incomplete run: {', '.join(rep.incomplete_reasons)}\n")
+        sys.stderr.write(f"mtpcheck.machinery.report: {args.path}: incomplete run: {', '.join(rep.incomplete_reasons)}\n")
         return 1
     print(f"{args.path}: schema_version {rep.schema_version}, {len(rep.clauses)} clauses, "
           f"complete {rep.complete}, exit status {rep.exit_status}")

@@ -410,7 +410,7 @@ _EXTENSIONS: dict[tuple[str, str], type[GoldenExtension]] = {}
 def default_root() -> Path:
     """$MTPCHECK_GOLDEN_DIR, else ``golden/`` beside the package (the repository root)."""
     env = os.environ.get(ENV_DIR)
-    return Path(env).resolve() if env else Path(__file__).resolve().parent.parent / "golden"
+    return Path(env).resolve() if env else Path(__file__).resolve().parents[2] / "golden"
 
 
 def golden_extension(backend: str, root: str | Path | None = None) -> type[GoldenExtension]:
@@ -430,7 +430,7 @@ def golden_extension(backend: str, root: str | Path | None = None) -> type[Golde
 def find_tests(explicit: str | None = None) -> Path | None:
     if explicit:
         return Path(explicit)
-    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
         candidate = base / "tests" / "test_golden.py"
         if candidate.is_file():
             return candidate

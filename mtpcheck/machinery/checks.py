@@ -1,0 +1,457 @@
+"""The suite's logic, as plain functions over results, traces and laws.
+
+Each `*_problems` function returns a list of human-readable problems; empty
+means the clause holds. Suite tests assert on them; downstream suites can
+call them directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from mtpcheck.contracts import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TokenEvent,
+)
+from mtpcheck.contracts.models import history_digest
+
+LAW_ATOL = 1e-9  # traced laws are float64; recomputation differs only by rounding
+
+CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
+    "speculation": lambda c: bool(c.mtp_kinds) and c.max_depth >= 1,
+    "target_distributions": lambda c: c.target_distributions,
+    "traces": lambda c: c.traces,
+    "logprobs": lambda c: c.logprobs,
+    "text": lambda c: c.text,
+    "seeded_determinism": lambda c: c.seeded_determinism,
+    "position_addressed_target_sampling": lambda c: c.position_addressed_target_sampling,
+    "exact_match": lambda c: c.acceptance_rule == "exact_match",
+    "rejection": lambda c: c.acceptance_rule == "rejection",
+    "scheduler": lambda c: c.scheduler,
+    "lookahead": lambda c: c.lookahead,
+    "constraints": lambda c: c.constraints,
+    "inspection": lambda c: c.checkpoint_evidence,
+    "streaming": lambda c: c.streaming,
+}
+
+
+RULE_VALUES = ("exact_match", "rejection")  # values of Capabilities.acceptance_rule, not capabilities
+
+
+def missing_capabilities(caps: Capabilities, needed: list[str]) -> list[str]:
+    unknown = [n for n in needed if n not in CAPABILITIES]
+    if unknown:
+        raise ValueError(f"unknown capability names {unknown}; known: {sorted(CAPABILITIES)}")
+    return sorted({n for n in needed if not CAPABILITIES[n](caps)})
+
+
+def cannot_speculate(caps: Capabilities) -> str | None:
+    """Why the declared capabilities forbid any speculative request, or None."""
+    why = ([] if caps.mtp_kinds else ["no drafter (mtp_kinds=[])"]) + (["max_depth=0"] if caps.max_depth < 1 else [])
+    return f"backend cannot speculate: {', '.join(why)}" if why else None
+
+
+def skip_reason(caps: Capabilities, missing: list[str]) -> str:
+    """One skip line for `missing` (from missing_capabilities): speculation
+    says which declaration forbids it, a rule value is named as the value the
+    backend declares, the rest are missing capabilities."""
+    parts = []
+    if "speculation" in missing:
+        parts.append(cannot_speculate(caps) or "backend cannot speculate")
+    rules = [m for m in missing if m in RULE_VALUES]
+    if rules:
+        parts.append(f"clause needs acceptance_rule={'/'.join(rules)}, backend declares {caps.acceptance_rule!r}")
+    lacks = [m for m in missing if m != "speculation" and m not in RULE_VALUES]
+    if lacks:
+        parts.append(f"backend lacks capability: {', '.join(lacks)}")
+    return "; ".join(parts)
+
+
+def fixture_prompts(backend) -> dict[str, list[int]]:
+    """Fixture prompts for this backend: the shipped texts through its own
+    tokenizer when it has one, else fixed pseudo-random ids in its vocabulary."""
+    from mtpcheck.fixture import PROMPT_VARIANTS
+
+    caps = backend.capabilities()
+    inner = getattr(backend, "backend", backend)
+    if caps.text and hasattr(inner, "encode"):
+        return {f"{kind}{i}": inner.encode(text) for kind, texts in PROMPT_VARIANTS.items() for i, text in enumerate(texts)}
+    rng = np.random.default_rng(0)
+    return {f"ids{i}": rng.integers(0, caps.vocab_size, size=12).tolist() for i in range(4)}
+
+
+# -- statistics of the report ------------------------------------------------
+
+
+def stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
+    """STATS-CONSISTENT. The emitted count follows the schedule the backend
+    declares (`caps.first_token_from_prefill`): a target-only first token from
+    the prefill, or none (round 0 emits the first token)."""
+    s = res.speculation
+    out = []
+    if not s.used:
+        if s.rounds or s.drafted or s.accepted:
+            out.append(f"used=False but rounds={s.rounds}, drafted={s.drafted}, accepted={s.accepted}")
+        return out
+    if not (s.rounds == len(s.accept_lens) == len(s.draft_lens)):
+        out.append(f"rounds={s.rounds}, {len(s.accept_lens)} accept_lens, {len(s.draft_lens)} draft_lens")
+    if s.drafted != sum(s.draft_lens):
+        out.append(f"drafted={s.drafted} != sum(draft_lens)={sum(s.draft_lens)}")
+    if s.accepted != sum(s.accept_lens):
+        out.append(f"accepted={s.accepted} != sum(accept_lens)={sum(s.accept_lens)}")
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        if not 0 <= a <= d <= max(s.num_draft_tokens, 0):
+            out.append(f"round {r}: accepted {a}, drafted {d}, depth {s.num_draft_tokens}")
+    if s.drafted and (s.acceptance_rate is None or abs(s.acceptance_rate - s.accepted / s.drafted) > 1e-9):
+        out.append(f"acceptance_rate={s.acceptance_rate} != accepted/drafted={s.accepted / s.drafted:.6f}")
+    if s.rounds:
+        # the prefill token (when declared), accepted proposals, one correction/bonus per round
+        lead = 1 if caps.first_token_from_prefill else 0
+        full = lead + s.accepted + s.rounds
+        cut = full - len(res.tokens)
+        last = s.accept_lens[-1] if s.accept_lens else 0
+        if not 0 <= cut <= last:
+            terms = f"{'1 + ' if lead else ''}accepted {s.accepted} + rounds {s.rounds}"
+            out.append(
+                f"{len(res.tokens)} tokens emitted but statistics imply {full} ({terms}"
+                f"{'' if lead else ', first_token_from_prefill=False'}); only the last block may be cut"
+            )
+        elif cut and res.finish_reason != "stop" and len(res.tokens) != req.max_tokens:
+            out.append(f"the last block was cut by {cut} without a stop or the budget")
+    elif len(res.tokens) > int(caps.first_token_from_prefill):  # no round: only the prefill token, if any
+        out.append(f"{len(res.tokens)} tokens emitted with used=True but no round reported "
+                   f"(first_token_from_prefill={caps.first_token_from_prefill})")
+    if s.bonus_tokens > s.rounds:
+        out.append(f"bonus_tokens={s.bonus_tokens} > rounds={s.rounds}")
+    return out
+
+
+# -- traces ------------------------------------------------------------------
+
+
+def _sample(law: np.ndarray, u: float) -> int:
+    from mtpcheck.engine.sampling import sample
+
+    return sample(law, u)
+
+
+def _is_law(v: np.ndarray) -> bool:
+    return v.ndim == 1 and bool(np.all(v >= 0)) and abs(v.sum() - 1.0) < 1e-6
+
+
+def filter_problems(law: np.ndarray, sp: SamplingParams) -> list[str]:
+    """Support constraints every processed law must satisfy (both sides).
+    top-p leaves no trace on a renormalised law by itself: the target side is
+    checked against target_distributions instead."""
+    nz = np.flatnonzero(law > 0)
+    out = []
+    if sp.temperature == 0.0 and len(nz) != 1:
+        out.append(f"temperature 0 but {len(nz)} tokens have mass")
+    if sp.top_k is not None and len(nz) > sp.top_k:
+        out.append(f"top_k={sp.top_k} but {len(nz)} tokens have mass")
+    if sp.min_p and law.max() > 0 and (law[nz] < sp.min_p * law.max() - 1e-12).any():
+        out.append(f"min_p={sp.min_p} but a kept token is below min_p * max")
+    return out
+
+
+def trace_problems(
+    res: GenerationResult,
+    req: GenerationRequest,
+    rule_name: str,
+    ground_truth: np.ndarray | None = None,
+) -> dict[str, list[str]]:
+    """Re-derive every round. Keys are clause ids. `ground_truth` is the
+    teacher-forced target law of every emitted token ([len(tokens), V])."""
+    from mtpcheck.engine.acceptance import get_rule
+
+    rule = get_rule(rule_name)
+    sp = req.sampling
+    P = len(req.prompt_tokens)
+    accept, law, rollback, bonus = [], [], [], []
+    # a target law that is right before the first rejection and wrong after it
+    # points to state the rollback did not restore, not to logit processing
+    seen = {"first_rejection": None, "hint": None}
+
+    def one_round(t, committed: int, prev) -> None:
+        """Check one round at its committed offset; returning early never moves the offset."""
+        tag = f"round {t.round}"
+        k = len(t.proposals)
+        ps = np.array(t.target_probs, dtype=np.float64)  # [k+1, V]
+        qs = np.array(t.draft_probs, dtype=np.float64).reshape(k, ps.shape[-1])  # [k, V]
+        au, tu = np.array(t.accept_uniforms), np.array(t.target_uniforms)
+        if ps.shape[0] != k + 1 or qs.shape[0] != k or len(t.draft_uniforms) != k or len(tu) != k + 1:
+            accept.append(f"{tag}: trace shapes disagree with {k} proposals")
+            return
+        # -- TRACE-ACCEPT: laws, proposals and decisions
+        for j in range(k):
+            if not _is_law(qs[j]) or not _is_law(ps[j]):
+                accept.append(f"{tag}: position {j} carries a law that does not sum to 1")
+            elif _sample(qs[j], t.draft_uniforms[j]) != t.proposals[j]:
+                accept.append(f"{tag}: proposal {j} ({t.proposals[j]}) is not the draft law's sample at its uniform "
+                              f"(got {_sample(qs[j], t.draft_uniforms[j])}): q is not the law it was drawn from")
+            accept.extend(f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp))
+        for j in range(k + 1):
+            accept.extend(f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp))
+        if ground_truth is not None:
+            for j in range(min(len(t.committed), k + 1)):
+                row = committed + j
+                if row < len(ground_truth) and np.max(np.abs(ground_truth[row] - ps[j])) > 1e-4:
+                    r0 = seen["first_rejection"]
+                    if seen["hint"] is None:  # decided by the first mismatch of the trace
+                        seen["hint"] = (f"state not restored after round {r0}'s rejection (the target's KV or recurrent "
+                                        f"state still holds rejected proposals?): every law before it matches"
+                                        if r0 is not None else "one-sided processing of the target logits?")
+                    why = seen["hint"]
+                    accept.append(f"{tag}: target law at position {j} differs from the teacher-forced target law "
+                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} ({why})")
+        if t.accepted < k and seen["first_rejection"] is None:
+            seen["first_rejection"] = t.round
+        if len(au) != k and rule_name == "rejection":
+            accept.append(f"{tag}: {len(au)} acceptance uniforms for {k} proposals")
+            return
+        au_full = np.concatenate([au, np.zeros(max(0, k - len(au)))])
+        v = rule.verify(ps, qs, t.proposals, au_full, tu)
+        if v.accepted != t.accepted:
+            accept.append(f"{tag}: {t.accepted} proposals accepted, the {rule_name} rule accepts {v.accepted}")
+            return
+        # -- TRACE-RESIDUAL-BONUS
+        kind = "bonus" if t.accepted == k else "correction"
+        if t.next_kind != kind:
+            law.append(f"{tag}: next token is a {t.next_kind}, expected a {kind} after {t.accepted}/{k} accepted")
+        if t.next_law is None or np.max(np.abs(np.array(t.next_law) - v.next_law)) > LAW_ATOL:
+            law.append(f"{tag}: the {kind} was drawn from the wrong law "
+                       f"(max error {np.max(np.abs(np.array(t.next_law or 0) - v.next_law)):.3g})")
+        if t.next_token != v.next_token:
+            law.append(f"{tag}: {kind} token {t.next_token}, the law's sample at its uniform is {v.next_token}")
+        emitted = t.proposals[: t.accepted] + [t.next_token]
+        if t.committed != emitted[: len(t.committed)] or not t.committed:
+            rollback.append(f"{tag}: committed {t.committed} is not a non-empty prefix of the emitted {emitted}")
+        # -- TRACE-ROLLBACK
+        n = P + committed - 1
+        if t.target_len_before != n:
+            rollback.append(f"{tag}: target cache length {t.target_len_before} before the round, expected {n}")
+        if t.position != t.target_len_before + 1:
+            rollback.append(f"{tag}: first proposal at position {t.position}, expected {t.target_len_before + 1}")
+        if t.target_len_after != n + len(t.committed):
+            rollback.append(f"{tag}: target cache length {t.target_len_after} after, expected {n + len(t.committed)} "
+                            f"(the last emitted token must stay pending)")
+        if t.draft_len_after > t.target_len_after:
+            rollback.append(f"{tag}: draft cache {t.draft_len_after} longer than the target's {t.target_len_after}")
+        hist = req.prompt_tokens + res.tokens[: committed + len(t.committed)]
+        if t.sampler_digest_after != history_digest(hist):
+            rollback.append(f"{tag}: sampler state after the round is not that of the committed history")
+        if t.sampler_digest_before != history_digest(req.prompt_tokens + res.tokens[:committed]):
+            rollback.append(f"{tag}: sampler state before the round is not that of the committed history")
+        token_events = [res.events[i] for i in t.events if i < len(res.events) and isinstance(res.events[i], TokenEvent)]
+        if [e.token for e in token_events] != t.committed:
+            rollback.append(f"{tag}: token events {[e.token for e in token_events]} != committed {t.committed}")
+        # -- BONUS-UNCACHED
+        if prev is not None and t.pending_token != res.tokens[committed - 1]:
+            bonus.append(f"{tag}: verification led by {t.pending_token}, not the last emitted token {res.tokens[committed - 1]}")
+        if kind == "bonus" and len(t.committed) == k + 1 and t.target_len_after != t.target_len_before + k + 1:
+            bonus.append(f"{tag}: after full acceptance the cache holds {t.target_len_after - t.target_len_before} "
+                         f"new entries, expected {k + 1} (the bonus stays uncached)")
+    committed = 1  # the prefill token precedes round 0
+    prev = None
+    for t in res.trace or []:
+        one_round(t, committed, prev)
+        committed += len(t.committed)  # always: a wrong round must not shift the offset of the rounds after it
+        prev = t
+    if res.trace:
+        # every token event after the prefill's lies in some round's verify window: one published
+        # between two verifications (at draft time, say) was published before its token was verified
+        windows = {i for t in res.trace for i in t.events}
+        start = min(windows, default=len(res.events))
+        tokens = [i for i, e in enumerate(res.events) if isinstance(e, TokenEvent)]
+        prefill = [i for i in tokens if i < start][:1]  # the prefill token's event precedes round 0
+        outside = [i for i in tokens if i not in windows and i not in prefill]
+        if outside:
+            e = res.events[outside[0]]
+            rollback.append(f"{len(outside)} token events published outside every round's verify window, first: "
+                            f"event {outside[0]} (token {e.token} at index {e.index}), published before verification")
+    if res.trace is not None and committed != len(res.tokens):
+        rollback.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
+    return {"TRACE-ACCEPT": accept, "TRACE-RESIDUAL-BONUS": law, "TRACE-ROLLBACK": rollback, "BONUS-UNCACHED": bonus}
+
+
+# -- publication ---------------------------------------------------------------
+
+
+def events_problems(res: GenerationResult) -> list[str]:
+    """EVENTS-COMMIT-ONLY over `GenerationResult.events`: the token events are
+    the emitted tokens, one per token, in order, none repeated or retracted,
+    none for a token the output does not hold (a rejected proposal)."""
+    toks = [(i, e) for i, e in enumerate(res.events) if isinstance(e, TokenEvent)]
+    out = []
+    for n, (i, e) in enumerate(toks):
+        if n >= len(res.tokens):
+            out.append(f"event {i}: token {e.token} at index {e.index} published after all {len(res.tokens)} emitted "
+                       f"tokens were (a proposal that was never emitted?)")
+        elif e.index != n or e.token != res.tokens[n]:
+            held = res.tokens[e.index] if 0 <= e.index < len(res.tokens) else None
+            what = ("a token the output does not hold there (a rejected proposal published before verification?)"
+                    if held != e.token else "out of order or published twice")
+            out.append(f"event {i}: token {e.token} at index {e.index} is token event {n}; the output's token {n} is "
+                       f"{res.tokens[n]}: {what}")
+        if out:
+            break  # the first wrong event; every later one is shifted by it
+    if not out and len(toks) != len(res.tokens):
+        out.append(f"{len(toks)} token events for {len(res.tokens)} emitted tokens: "
+                   f"tokens {res.tokens[len(toks):][:5]} were emitted without an event")
+    text = "".join(e.text for e in res.events if getattr(e, "kind", None) == "text")
+    if text != res.text:
+        out.append(f"text events concatenate to {text[:40]!r}, the result's text is {res.text[:40]!r}")
+    return out
+
+
+def stream_problems(chunks: list, final: list[int]) -> list[str]:
+    """EVENTS-COMMIT-ONLY over a stream: chunks concatenate to the final tokens
+    and no chunk carries a token the final output does not hold at that position."""
+    out, pos = [], 0
+    for c, chunk in enumerate(chunks):
+        for tok in chunk.tokens:
+            if pos >= len(final) or final[pos] != tok:
+                held = final[pos] if pos < len(final) else "nothing"
+                out.append(f"chunk {c} carries token {tok} at position {pos}; the final output holds {held} there "
+                           f"(a rejected proposal reached the caller?)")
+                return out  # later positions are shifted by it
+            pos += 1
+    if pos != len(final):
+        out.append(f"the stream carried {pos} tokens, the final output has {len(final)}")
+    ends = [c for c, ch in enumerate(chunks) if ch.finish_reason is not None]
+    if ends != [len(chunks) - 1]:
+        out.append(f"finish_reason set on chunks {ends} of {len(chunks)}; expected on the last chunk only")
+    return out
+
+
+# -- greedy ------------------------------------------------------------------
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence_mechanism(res: GenerationResult, i: int, first_token_from_prefill: bool = True) -> str:
+    """Where a greedy divergence at output token i sits in the reported rounds,
+    and the mechanism that placement points to (black-box: from the report's
+    accept_lens / draft_lens alone)."""
+    s = res.speculation
+    lead = int(first_token_from_prefill)
+    if not s.used or not s.accept_lens or i < lead:
+        return "outside any speculative round (the target-only path differs?)"
+    start, first_rejection = lead, None
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        if i < start + a + 1:
+            j = i - start
+            where = f"round {r}, token {j} of its {a + 1}"
+            state = ("state not restored by the rollback (the target's KV or recurrent cache still holds the "
+                     "rejected proposals?)")
+            if r and s.accept_lens[r - 1] < s.draft_lens[r - 1]:  # the round right after a rejection
+                return f"{where}, the round right after round {r - 1} rejected proposals: {state}"
+            what = ("an accepted proposal is not the target's greedy token (verified at the wrong position?)" if j < a
+                    else f"the {'bonus' if a == d else 'correction'} is not the target's greedy token")
+            return f"{where}: {what}" + (f"; or {state[0].lower()}{state[1:]} since round {first_rejection}"
+                                         if first_rejection is not None else "")
+        if a < d and first_rejection is None:
+            first_rejection = r
+        start += a + 1
+    return "after the rounds the report counts (statistics disagree with the output?)"
+
+
+def top2_logit_gap(p: np.ndarray) -> float:
+    """log(p1 / p2) of a temperature-1 law: the gap between its two largest
+    logits, whatever the rest of the vocabulary holds. (A probability margin
+    p1 - p2 is not: on a flat softmax over a large vocabulary it is tiny at
+    every position, so it would excuse any divergence as a near-tie.)"""
+    p2, p1 = np.sort(np.asarray(p, dtype=np.float64))[-2:]
+    return math.inf if p2 <= 0 else float(math.log(p1 / p2))
+
+
+# -- seeded samples ------------------------------------------------------------
+
+
+def seeded_flip(law: np.ndarray, plain_token: int, spec_token: int, uniform: float | None = None) -> dict:
+    """Where a seeded inverse-CDF draw (token-id order, engine.sampling.sample)
+    could land on `spec_token` instead of `plain_token` by rounding alone.
+
+    Plain decoding drew `plain_token` at uniform u: u lies in its interval of
+    the plain-path law. A runtime whose law differs from it by at most d in
+    every CDF value can only draw a token whose interval lies within d of
+    that one, so `interval_gap` (0 for neighbouring tokens) is a lower bound
+    of the perturbation that explains the flip; with u known (a trace), the
+    distance from u to the speculative token's interval is the exact one."""
+    p = np.asarray(law, dtype=np.float64)
+    hi = np.cumsum(p) / p.sum()
+    lo = hi - p / p.sum()
+    a, b = int(plain_token), int(spec_token)
+    if a < b:  # the edge of a's interval that faces b
+        boundary, gap = float(hi[a]), float(lo[b] - hi[a])
+    else:
+        boundary, gap = float(lo[a]), float(lo[a] - hi[b])
+    out = dict(plain_token=a, spec_token=b, p_plain=float(p[a]), p_spec=float(p[b]), boundary=boundary,
+               interval_gap=max(gap, 0.0), uniform=uniform, uniform_to_spec_interval=None)
+    if uniform is not None:
+        out["uniform_to_spec_interval"] = float(lo[b] - uniform if a < b else uniform - hi[b])
+    return out
+
+
+def flip_excused(flip: dict, tolerance: float) -> tuple[bool, str]:
+    """(excused, why) for seeded_flip's evidence at a declared CDF tolerance."""
+    if tolerance <= 0:
+        return False, "seed_cdf_tolerance is 0 (exact): no flip is excused"
+    if flip["p_spec"] <= 0:
+        return False, f"the speculative token {flip['spec_token']} has probability 0 under the target law"
+    if flip["interval_gap"] > tolerance:
+        return False, (f"the tokens' CDF intervals are {flip['interval_gap']:.3g} apart, beyond seed_cdf_tolerance "
+                       f"{tolerance:g}: no rounding of the law explains it")
+    d = flip["uniform_to_spec_interval"]
+    if d is not None and d > tolerance:
+        return False, (f"the seeded uniform {flip['uniform']:.9g} is {d:.3g} from the speculative token's interval, "
+                       f"beyond seed_cdf_tolerance {tolerance:g}")
+    return True, f"within seed_cdf_tolerance {tolerance:g} of the CDF boundary {flip['boundary']:.9g}"
+
+
+def traced_uniform(res: GenerationResult, prompt_len: int, index: int) -> float | None:
+    """The target-stream uniform a trace reports for output token `index`
+    (logical position prompt_len + index), or None (no trace, or the
+    prefill token, which no round covers)."""
+    pos = prompt_len + index
+    for t in res.trace or []:
+        j = pos - t.position
+        if 0 <= j < len(t.target_uniforms):
+            return float(t.target_uniforms[j])
+    return None
+
+
+# -- observations for the statistical clauses --------------------------------
+
+
+def observations(backend, prompt: list[int], results: list[GenerationResult], sp: SamplingParams):
+    """(token, processed target law) for every emitted token of every result."""
+    obs = []
+    for res in results:
+        laws = backend.target_distributions(prompt, res.tokens, sp)
+        obs += list(zip(res.tokens, laws, strict=True))
+    return obs
+
+
+def logprob_problems(res: GenerationResult, laws: np.ndarray, atol: float = 1e-4) -> list[str]:
+    """LOGPROBS at the declared tolerance (Capabilities.logprob_tolerance)."""
+    if res.logprobs is None:
+        return ["no logprobs reported"]
+    out = []
+    for i, (tok, lp) in enumerate(zip(res.tokens, res.logprobs, strict=True)):
+        want = math.log(laws[i][tok]) if laws[i][tok] > 0 else -math.inf
+        if not (abs(lp - want) <= atol or lp == want):
+            out.append(f"token {i} ({tok}): logprob {lp:.6g}, target law says {want:.6g} "
+                       f"(off by {abs(lp - want):.3g} > logprob_tolerance {atol:g})")
+    return out
