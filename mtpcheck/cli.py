@@ -107,11 +107,11 @@ def _at_least_one(text: str) -> int:
 
 def cmd_explain_divergence(args) -> int:
     """Greedy plain vs speculative on one backend: where they part and why
-    (mtpcheck.triage). Exit 0: no divergence or a near-tie; 1: structural or
+    (mtpcheck.machinery.triage). Exit 0: no divergence or a near-tie; 1: structural or
     undetermined; 2: bad input."""
     from mtpcheck.backends import UnknownBackendError, load_backend, parse_options
     from mtpcheck.contracts import SpeculationUnavailableError, check_prompt_length
-    from mtpcheck.triage import explain_divergence
+    from mtpcheck.machinery.triage import explain_divergence
 
     try:
         backend = load_backend(args.backend, parse_options(args.backend_option))
@@ -148,7 +148,7 @@ def cmd_run(args) -> int:
     import pytest
 
     from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
-    from mtpcheck.settings import (
+    from mtpcheck.machinery.settings import (
         SettingsError,
         check_backend_options,
         check_id_file,

@@ -85,7 +85,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "contract(clause_id): the catalogue clause this suite test checks")
     config.addinivalue_line("markers", "requires(*capabilities): capabilities needed beyond the clause's own")
     from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
-    from mtpcheck.settings import (
+    from mtpcheck.machinery.settings import (
         SettingsError,
         check_backend_options,
         check_id_file,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtpcheck.cli import main
-from mtpcheck.triage import explain_divergence, ulps
+from mtpcheck.machinery.triage import explain_divergence, ulps
 
 HERE = Path(__file__).parent
 
