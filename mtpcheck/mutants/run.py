@@ -265,7 +265,8 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
         f"{verdicts.count('partly killed')} partly killed, {verdicts.count('caught elsewhere')} caught only elsewhere, "
         f"{verdicts.count('survived')} survived, {verdicts.count('no report')} without a report. "
         f"Zoo wall time {meta['wall_s']:.0f} s with {meta['jobs']} parallel jobs on {meta['cpus']} CPUs "
-        f"(sum of per-mutant times {sum(r.duration_s for r in runs):.0f} s).",
+        + (f"({meta['rerun']} since) " if meta.get("rerun") else "")
+        + f"(sum of per-mutant times {sum(r.duration_s for r in runs):.0f} s).",
         "",
     ]
     bb = {r.name: r for r in black or []}
@@ -279,7 +280,8 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
             f"{v.count('output-invisible')} output-invisible (listed below with the reason), {v.count('survived')} "
             f"survived, {v.count('no report')} without a report. White-box: "
             f"{sum(bool(r.killed_by) for r in runs)} of {len(runs)} killed by some clause. Black-box wall time "
-            f"{(black_meta or {}).get('wall_s', 0):.0f} s.",
+            f"{(black_meta or {}).get('wall_s', 0):.0f} s"
+            + (f" ({black_meta['rerun']} since)" if (black_meta or {}).get("rerun") else "") + ".",
             "",
         ]
     lines += [
@@ -381,7 +383,10 @@ def mutants_main(args) -> int:
     column = "black-box" if args.black_box else "white-box"
     columns = load_columns(args.columns)
     if args.columns != "-":  # keep this column for the next run of the other one
-        old = {r.name: r for r in columns.get(column, ([], {}))[0]}
+        old_runs, old_meta = columns.get(column, ([], {}))
+        if args.names and old_meta.get("wall_s"):  # a partial rerun keeps the full run's wall time
+            meta = {**old_meta, "rerun": f"{len(runs)} mutants rerun in {meta['wall_s']:.0f} s"}
+        old = {r.name: r for r in old_runs}
         old.update({r.name: r for r in runs})
         columns[column] = ([old[n] for n in MUTANTS if n in old], meta)
         Path(args.columns).write_text(json.dumps({c: {"meta": m, "runs": [asdict(r) for r in rs]}
