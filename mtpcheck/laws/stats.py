@@ -549,6 +549,25 @@ def _truncated_ranked(tokens, P, tail, top_n):
     return ranks, np.concatenate([sorted_p, tail[:, None]], axis=1)
 
 
+def _truncated_informative(obs: Observations, top_n: int, name: str, alpha: float):
+    """The shared start of the truncated tests: a zero-probability token fails
+    at once; deterministic rows are dropped; no row left is no test. Returns
+    (an early TestResult or None, (tokens, P, tail, n, dropped))."""
+    tokens, P, tail, valid = _stack_truncated(obs, top_n)
+    n_all = len(tokens)
+    bad = _truncated_zero_mask(tokens, P, tail, valid)
+    if bad.any():
+        return _zero_result(name, alpha, n_all, bad), (None,) * 5
+    informative = ((P > 0).sum(axis=1) + (tail > 0)) > 1
+    tokens, P, tail = tokens[informative], P[informative], tail[informative]
+    n = len(tokens)
+    dropped = n_all - n
+    if n == 0:
+        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+                          passed=True, note="no informative observations: no test", n_dropped=dropped), (None,) * 5
+    return None, (tokens, P, tail, n, dropped)
+
+
 def truncated_rank_gtest(
     obs: Observations,
     top_n: int,
@@ -563,18 +582,9 @@ def truncated_rank_gtest(
     tail masses; bins merged as in :func:`rank_gtest`. Whole laws (tail 0
     everywhere) give the whole-law test cut at rank N."""
     name = "truncated_rank_gtest"
-    tokens, P, tail, valid = _stack_truncated(obs, top_n)
-    n_all = len(tokens)
-    bad = _truncated_zero_mask(tokens, P, tail, valid)
-    if bad.any():
-        return _zero_result(name, alpha, n_all, bad)
-    informative = ((P > 0).sum(axis=1) + (tail > 0)) > 1
-    tokens, P, tail = tokens[informative], P[informative], tail[informative]
-    n = len(tokens)
-    dropped = n_all - n
-    if n == 0:
-        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
-                          passed=True, note="no informative observations: no test", n_dropped=dropped)
+    early, (tokens, P, tail, n, dropped) = _truncated_informative(obs, top_n, name, alpha)
+    if early is not None:
+        return early
     ranks, masses = _truncated_ranked(tokens, P, tail, top_n)
     edges = _base_edges(top_n) + [top_n + 1]  # ..., N (the tail bin)
     base_expected = np.add.reduceat(masses, edges[:-1], axis=1).sum(axis=0)
@@ -616,18 +626,9 @@ def truncated_pit_ks(
     token's uniform on [1 - m, 1] (m its row's tail mass): still exactly U(0, 1)
     under the null, since the tail is reached with probability m."""
     name = "truncated_pit_ks"
-    tokens, P, tail, valid = _stack_truncated(obs, top_n)
-    n_all = len(tokens)
-    bad = _truncated_zero_mask(tokens, P, tail, valid)
-    if bad.any():
-        return _zero_result(name, alpha, n_all, bad)
-    informative = ((P > 0).sum(axis=1) + (tail > 0)) > 1
-    tokens, P, tail = tokens[informative], P[informative], tail[informative]
-    n = len(tokens)
-    dropped = n_all - n
-    if n == 0:
-        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
-                          passed=True, note="no informative observations: no test", n_dropped=dropped)
+    early, (tokens, P, tail, n, dropped) = _truncated_informative(obs, top_n, name, alpha)
+    if early is not None:
+        return early
     ranks, masses = _truncated_ranked(tokens, P, tail, top_n)
     rows = np.arange(n)
     masses = masses / masses.sum(axis=1, keepdims=True)
