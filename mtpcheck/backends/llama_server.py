@@ -380,16 +380,10 @@ class LlamaServerBackend:
             if used:
                 chunks = client.stream("/completion", {**body, "stream": True, "timings_per_token": True})
                 seg_rounds, timings = rounds_from_stream(chunks, got, depth)
-                final = out.get("timings") or {}
-                # the tokens agree (checked in rounds_from_stream); the accepted totals must too. The
-                # drafted totals may differ by up to one round's depth after a partial prompt-cache
-                # reuse with the MTP head (deviation S6): the rounds reported are the stream's, a
-                # real execution of the same seeded request with the same tokens
-                fd, fa = int(final.get("draft_n", 0)), int(final.get("draft_n_accepted", 0))
-                sd, sa = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
-                if fa != sa or abs(fd - sd) > depth:
-                    raise ServerError(f"draft counters differ between the plain response ({final}) and the stream "
-                                      f"({timings}) of the same seeded request")
+                # the tokens agree (checked in rounds_from_stream), but with the MTP head the round
+                # structure of two runs of the same seeded request does not (deviation S6: drafted and
+                # accepted totals differ, e.g. 99/12 vs 96/13). The rounds reported are the stream's:
+                # a real execution that emitted these tokens, judged by STATS-CONSISTENT
                 if segment:  # the resumed segment's first token comes from a prefill, not a round
                     seg_rounds.insert(0, Round(0, 0, 0))
             eos_stop = out.get("stop_type") == "eos" and bool(got) and got[-1] in self.eos_ids
