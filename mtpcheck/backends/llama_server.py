@@ -47,8 +47,9 @@ chunks (``timings.draft_n`` / ``draft_n_accepted``, running totals, with
 ``timings_per_token``), and the stream skips tokens whose text ends inside a
 UTF-8 character. So a speculative request is made twice with the same seed: a
 plain response for the tokens, a stream for the rounds (each change of the
-counters is one round); the two must agree on every token the stream shows
-and on the final counters, else :class:`~mtpcheck.backends.httpserver.ServerError`.
+counters is one round); the two must agree on every token the stream shows,
+else :class:`~mtpcheck.backends.httpserver.ServerError`. Their counters need
+not agree (with the MTP head they do not: deviation S6); the stream's rounds are reported.
 
 Ground truth: the plain instance's post-sampling probabilities (``n_probs`` =
 vocabulary size, ``post_sampling_probs``: the law after the same sampler
@@ -380,11 +381,10 @@ class LlamaServerBackend:
             if used:
                 chunks = client.stream("/completion", {**body, "stream": True, "timings_per_token": True})
                 seg_rounds, timings = rounds_from_stream(chunks, got, depth)
-                final = out.get("timings") or {}
-                if (int(final.get("draft_n", 0)), int(final.get("draft_n_accepted", 0))) != \
-                        (int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))):
-                    raise ServerError(f"draft counters differ between the plain response ({final}) and the stream "
-                                      f"({timings}) of the same seeded request")
+                # the tokens agree (checked in rounds_from_stream), but with the MTP head the round
+                # structure of two runs of the same seeded request does not (deviation S6: drafted and
+                # accepted totals differ, e.g. 99/12 vs 96/13). The rounds reported are the stream's:
+                # a real execution that emitted these tokens, judged by STATS-CONSISTENT
                 if segment:  # the resumed segment's first token comes from a prefill, not a round
                     seg_rounds.insert(0, Round(0, 0, 0))
             eos_stop = out.get("stop_type") == "eos" and bool(got) and got[-1] in self.eos_ids
