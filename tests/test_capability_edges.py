@@ -124,3 +124,19 @@ def test_report_notes_are_cut_at_a_word_boundary():
     assert len(short) <= 110 and short.endswith(" ...") and short.startswith("reason='sampling_control_unsupported'")
     assert short[:-4] == line[: len(short) - 4] and line[len(short) - 4] == " "  # cut before a space: no half word
     assert _clip("short", 110) == "short"
+
+
+def test_a_depth_fixed_at_launch_is_honoured_not_failed():
+    """Capabilities.depths (vLLM, SGLang, one speculative server): requests use
+    a depth the backend serves; a clause that needs another depth skips, naming it."""
+    from mtpcheck.contracts import Capabilities
+    from mtpcheck.suite._util import skip_unless_depth, spec_for
+
+    caps = Capabilities(name="fixed", version="0", vocab_size=8, mtp_kinds=["assistant"], max_depth=5, depths=[3, 5])
+    assert [spec_for(caps, d)["num_draft_tokens"] for d in (None, 1, 3, 4, 5, 8)] == [3, 3, 3, 3, 5, 5]
+    skip_unless_depth(caps, 3)  # served: no skip
+    with pytest.raises(pytest.skip.Exception, match=r"needs depth 1; backend serves depths \[3, 5\] only"):
+        skip_unless_depth(caps, 1)
+    free = caps.model_copy(update={"depths": None})
+    assert [spec_for(free, d)["num_draft_tokens"] for d in (None, 1, 4)] == [3, 1, 4]
+    skip_unless_depth(free, 1)

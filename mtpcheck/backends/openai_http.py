@@ -116,6 +116,7 @@ class OpenAIHttpBackend:
             eos_token_ids=self.eos_ids,
             mtp_kinds=["embedded" if self.kind == "mtp" else "assistant"],
             max_depth=self.depth,
+            depths=[self.depth],  # the server's speculative depth is set at launch
             acceptance_rule=self.rule,
             first_token_from_prefill=True,
             seeded_determinism=True,

@@ -209,6 +209,11 @@ class Capabilities(_Strict):
     eos_token_ids: list[int] = Field(default_factory=list)
     mtp_kinds: list[Literal["embedded", "assistant"]] = Field(default_factory=list)
     max_depth: int = Field(0, ge=0)
+    depths: list[int] | None = Field(
+        None,
+        description="the only depths a request may ask for, when the runtime fixes its depth at launch (vLLM, SGLang, "
+        "one speculative server); None: every depth 1..max_depth. Clauses that need another depth skip, naming it",
+    )
     acceptance_rule: Literal["rejection", "exact_match", "unknown"] = "unknown"
     first_token_from_prefill: bool = Field(
         True,

@@ -46,4 +46,13 @@ def spec_for(caps, depth: int | None = None, **kw) -> dict:
     if why:
         pytest.skip(why)
     d = min(depth or 3, caps.max_depth)
+    if caps.depths and d not in caps.depths:  # a depth fixed at launch: the nearest one below, else the smallest
+        d = max([x for x in caps.depths if x <= d] or [min(caps.depths)])
     return {"mode": "native_mtp", "num_draft_tokens": d, **kw}
+
+
+def skip_unless_depth(caps, depth: int) -> None:
+    """Skip a clause that needs requests at exactly `depth` on a backend whose
+    depths are fixed at launch (Capabilities.depths) without it."""
+    if caps.depths and depth not in caps.depths:
+        pytest.skip(f"clause needs depth {depth}; backend serves depths {caps.depths} only (fixed at launch)")

@@ -3,7 +3,7 @@ import pytest
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams, SpeculationRequest
 
-from ._util import request, spec_for
+from ._util import request, skip_unless_depth, spec_for
 
 
 @pytest.mark.contract("REQ-BLOCK")
@@ -36,6 +36,7 @@ def test_per_call_depth_override_does_not_leak(mtp_backend, mtp_capabilities, mt
     other = 1 if default.num_draft_tokens != 1 else min(2, mtp_capabilities.max_depth)
     if other == default.num_draft_tokens:
         pytest.skip("backend supports a single depth")
+    skip_unless_depth(mtp_capabilities, other)
     assert mtp_backend.generate(request(prompt, 12, sp, spec_for(mtp_capabilities, other))).speculation.num_draft_tokens == other
     assert mtp_backend.generate(request(prompt, 12, sp, False)).speculation.used is False
     after = mtp_backend.generate(request(prompt, 12, sp, None)).speculation

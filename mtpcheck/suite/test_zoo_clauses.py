@@ -6,7 +6,7 @@ import pytest
 
 from mtpcheck.contracts import GenerationRequest, GenerationResult, SamplingParams
 
-from ._util import request, spec_for
+from ._util import request, skip_unless_depth, spec_for
 
 DRAFT_ATOL = 1e-3  # float32 batched prefill vs incremental forwards differ by ~1e-6
 PROMPTS = 4  # fixture prompts per test
@@ -34,6 +34,7 @@ def depth_problems(res: GenerationResult, req: GenerationRequest, depth: int,
 @pytest.mark.parametrize("depth", [1, 3])
 def test_rounds_draft_the_depth_asked_for(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed, depth):
     depth = min(depth, mtp_capabilities.max_depth)
+    skip_unless_depth(mtp_capabilities, depth)
     problems, rounds = [], 0
     for i, prompt in enumerate(list(mtp_fixture.values())[:PROMPTS]):
         for temperature in (0.0, 1.0):
