@@ -63,15 +63,17 @@ TOTALS = [10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000
 # -- A. pools of real observations ------------------------------------------------------------
 
 
-def pool(name: str | None, config: str, generations: int, seed0: int, max_tokens: int = 48) -> dict:
-    """Seeded generations with their target laws: {"tokens": [...], "probs": [...]} per generation."""
+def pool(name: str | None, config: str, generations: int, seed0: int, max_tokens: int = 48,
+         base: str = "toy") -> dict:
+    """Seeded generations with their target laws, on the base backend (toy, or
+    mlx: the reference fixture) or the mutant `name` built on it."""
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
-    from mtpcheck.backends.toy import load_toy
+    from mtpcheck.backends import load_backend
     from mtpcheck.machinery.checks import fixture_prompts
     from mtpcheck.mutants import load_mutant
     from mtpcheck.suite._util import DIST_CONFIGS, request, seeded
 
-    backend = load_mutant(name) if name else load_toy()
+    backend = load_mutant(name, base) if name and name != "correct" else load_backend(base, {})
     prompts = list(fixture_prompts(backend).values())
     sp0 = DIST_CONFIGS[config]
     gens, accepted, drafted = [], 0, 0

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtpcheck.measurement.power import pool
 from mtpcheck.mutants.run import DIST_CONFIG, ROOT
 
 START, END = "<!-- profile-power:start -->", "<!-- profile-power:end -->"
@@ -36,25 +37,6 @@ DEFAULT = [("draft-law-unfiltered", "top_k"), ("draft-law-unfiltered", "top_p"),
            ("confident-draft-accepted", "top_k"),
            # the reference fixture (the suite's default backend), where the issue measured TV 0.04-0.07
            ("draft-law-unfiltered", "top_k", "mlx"), ("draft-law-unfiltered", "top_p", "mlx")]
-
-
-def pool(name: str | None, config: str, generations: int, seed0: int, max_tokens: int = 64, base: str = "toy") -> dict:
-    """As mutants.power.pool, on any base backend (toy, or mlx: the reference fixture)."""
-    from mtpcheck.backends import load_backend
-    from mtpcheck.machinery.checks import fixture_prompts
-    from mtpcheck.mutants import load_mutant
-    from mtpcheck.suite._util import DIST_CONFIGS, request, seeded
-
-    backend = load_mutant(name, base) if name and name != "correct" else load_backend(base, {})
-    prompts = list(fixture_prompts(backend).values())
-    sp0 = DIST_CONFIGS[config]
-    gens, accepted, drafted = [], 0, 0
-    for r in range(generations):
-        prompt = prompts[r % len(prompts)]
-        res = backend.generate(request(prompt, max_tokens, seeded(sp0, seed0 + r), {"mode": "native_mtp", "num_draft_tokens": 3}))
-        gens.append((np.array(res.tokens), np.asarray(backend.target_distributions(prompt, res.tokens, sp0))))
-        accepted, drafted = accepted + res.speculation.accepted, drafted + res.speculation.drafted
-    return {"name": name or "correct", "gens": gens, "acceptance": accepted / max(drafted, 1)}
 
 
 def _pool(args):
