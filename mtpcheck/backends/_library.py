@@ -262,6 +262,13 @@ def report(*, requested: bool, used: bool, mode: str, drafter: str | None, depth
     )
 
 
+def result_of(out, speculation: SpeculationReport, seed: int | None) -> GenerationResult:
+    """The GenerationResult of a token stream `drive` consumed into `out` (an
+    OutputState): what was committed and published, with its report."""
+    return GenerationResult(tokens=out.tokens, text=out.text_published, finish_reason=out.finish_reason,
+                            logprobs=None, events=out.events, speculation=speculation, seed=seed)
+
+
 def switch(value: str | bool) -> bool:
     """A loader's on/off option (a string from --mtp-backend-option, or a bool)."""
     return value.lower() not in ("off", "false", "0", "no") if isinstance(value, str) else bool(value)
@@ -324,17 +331,9 @@ class LibraryBackend:
                message: str | None, drafter: str, draft_kind: str, accept_lens: list[int], draft_lens: list[int],
                seed: int) -> GenerationResult:
         """The GenerationResult of a stream `drive` consumed into `out`."""
-        return GenerationResult(
-            tokens=out.tokens,
-            text=out.text_published,
-            finish_reason=out.finish_reason,
-            logprobs=None,
-            events=out.events,
-            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=drafter,
-                               depth=depth, draft_kind=draft_kind, runtime=self.runtime, reason=reason,
-                               message=message, accept_lens=accept_lens, draft_lens=draft_lens),
-            seed=seed,
-        )
+        return result_of(out, report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=drafter,
+                                     depth=depth, draft_kind=draft_kind, runtime=self.runtime, reason=reason,
+                                     message=message, accept_lens=accept_lens, draft_lens=draft_lens), seed)
 
 
 class DecodePathLogprobs:

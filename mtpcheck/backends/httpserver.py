@@ -228,3 +228,26 @@ class ServerProcess:
         """Idempotent; the log is removed unless MTPCHECK_KEEP_SERVER_LOGS is set."""
         if self._finalizer is not None:
             self._finalizer()
+
+
+def plain_path_laws(prompt: list[int], continuation: list[int], sampling, law, vocab_size: int):
+    """target_distributions of a server: `law(prefix, sampling)` after each
+    prefix of the continuation, one token at a time (the plain decoding path,
+    not one batched pass), the seed dropped; greedy is the contract's one-hot
+    law at the argmax (lowest id on ties) of the temperature-1 law."""
+    import numpy as np
+
+    from mtpcheck.backends._library import check_request
+    from mtpcheck.contracts import GenerationRequest
+
+    if not continuation:
+        return np.zeros((0, vocab_size))
+    check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), vocab_size)
+    greedy = sampling.temperature == 0.0
+    sp = sampling.model_copy(update={"temperature": 1.0 if greedy else sampling.temperature, "seed": None})
+    out = np.stack([law(list(prompt) + list(continuation[:i]), sp) for i in range(len(continuation))])
+    if greedy:
+        hot = np.zeros_like(out)
+        hot[np.arange(len(out)), np.argmax(out, axis=1)] = 1.0
+        return hot
+    return out

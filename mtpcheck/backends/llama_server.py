@@ -69,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpcheck.backends.httpserver import Client, ServerError, ServerProcess
+from mtpcheck.backends.httpserver import Client, ServerError, ServerProcess, plain_path_laws
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
@@ -359,7 +359,7 @@ class LlamaServerBackend:
                 "return_tokens": True, "cache_prompt": True, "n_probs": 0, "stream": False}
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        from mtpcheck.backends._library import check_request, drive, report
+        from mtpcheck.backends._library import check_request, drive, report, result_of
 
         check_request(request, self.vocab_size)
         spec, used, depth, reason, message = self.plan(request)
@@ -399,18 +399,11 @@ class LlamaServerBackend:
                 break  # the budget, or a stop the request also makes: the matcher below decides
         state = drive(iter(tokens), request, stops, self.decode if self.tokenizer else (lambda t: ""))
         accept_lens, draft_lens = self._kept_rounds(rounds, len(state.tokens))
-        return GenerationResult(
-            tokens=state.tokens,
-            text=state.text_published,
-            finish_reason=state.finish_reason,
-            logprobs=None,
-            events=state.events,
-            speculation=report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
-                               drafter=str(self.draft or self.model), depth=depth, draft_kind=self.kind,
-                               runtime=self.runtime, reason=reason, message=message, accept_lens=accept_lens,
-                               draft_lens=draft_lens).model_copy(update={"acceptance_rule": self.capabilities_rule()}),
-            seed=seed,
-        )
+        return result_of(state, report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
+                                       drafter=str(self.draft or self.model), depth=depth, draft_kind=self.kind,
+                                       runtime=self.runtime, reason=reason, message=message, accept_lens=accept_lens,
+                                       draft_lens=draft_lens).model_copy(update={"acceptance_rule": self.capabilities_rule()}),
+                         seed)
 
     def capabilities_rule(self) -> str:
         return "rejection" if self.draft_sampling == "probabilistic" else "exact_match"
@@ -431,21 +424,7 @@ class LlamaServerBackend:
 
     # -- ground truth
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        from mtpcheck.backends._library import check_request
-
-        if not continuation:
-            return np.zeros((0, self.vocab_size))
-        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        greedy = sampling.temperature == 0.0
-        sp = sampling.model_copy(update={"temperature": 1.0, "seed": None}) if greedy else \
-            sampling.model_copy(update={"seed": None})
-        rows = [self.law(list(prompt) + list(continuation[:i]), sp) for i in range(len(continuation))]
-        out = np.stack(rows)
-        if greedy:  # the contract's greedy law: one-hot at the argmax, lowest id on ties
-            hot = np.zeros_like(out)
-            hot[np.arange(len(out)), np.argmax(out, axis=1)] = 1.0
-            return hot
-        return out
+        return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
 
     def law(self, prefix: list[int], sp: SamplingParams) -> np.ndarray:
         """The post-sampling law after `prefix` on the plain instance (memoised)."""

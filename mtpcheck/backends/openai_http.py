@@ -42,7 +42,7 @@ import random
 
 import numpy as np
 
-from mtpcheck.backends.httpserver import Client, ServerError
+from mtpcheck.backends.httpserver import Client, ServerError, plain_path_laws
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
@@ -153,7 +153,13 @@ class OpenAIHttpBackend:
         return [int(t) for t in toks]
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        from mtpcheck.backends._library import check_request, drive, plan_speculation, report
+        from mtpcheck.backends._library import (
+            check_request,
+            drive,
+            plan_speculation,
+            report,
+            result_of,
+        )
         from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
 
         check_request(request, self.vocab_size)
@@ -200,23 +206,10 @@ class OpenAIHttpBackend:
         rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=self.spec.url,
                      depth=depth, draft_kind=self.kind, runtime=self.runtime, reason=reason, message=message,
                      accept_lens=acc, draft_lens=dr).model_copy(update={"acceptance_rule": self.rule})
-        return GenerationResult(tokens=state.tokens, text=state.text_published, finish_reason=state.finish_reason,
-                                logprobs=None, events=state.events, speculation=rep, seed=seed)
+        return result_of(state, rep, seed)
 
     def target_distributions(self, prompt, continuation, sampling: SamplingParams) -> np.ndarray:
-        from mtpcheck.backends._library import check_request
-
-        if not continuation:
-            return np.zeros((0, self.vocab_size))
-        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size)
-        greedy = sampling.temperature == 0.0
-        sp = sampling.model_copy(update={"temperature": 1.0 if greedy else sampling.temperature, "seed": None})
-        out = np.stack([self.law(list(prompt) + list(continuation[:i]), sp) for i in range(len(continuation))])
-        if greedy:
-            hot = np.zeros_like(out)
-            hot[np.arange(len(out)), np.argmax(out, axis=1)] = 1.0
-            return hot
-        return out
+        return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
 
     def law(self, prefix: list[int], sp: SamplingParams) -> np.ndarray:
         """The top-N law after `prefix` (zeros beyond the top N)."""
