@@ -36,6 +36,13 @@ class BlackBox:
         res = self.inner.generate(request.model_copy(update={"trace": False}))
         return res.model_copy(update={"trace": None, "logprobs": None})
 
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        # a runtime that batches (parallel slots) may declare it black-box too; same mask as generate
+        if not hasattr(self.inner, "generate_batch"):
+            raise AttributeError(f"{type(self.inner).__name__} seen black-box has no generate_batch")
+        results = self.inner.generate_batch([r.model_copy(update={"trace": False}) for r in requests])
+        return [res.model_copy(update={"trace": None, "logprobs": None}) for res in results]
+
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)
 
