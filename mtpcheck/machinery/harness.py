@@ -43,6 +43,10 @@ class Profile:
     greedy_tokens: int
     hypothesis_examples: int
     trace_runs: int
+    # DIST-CONTEXT (mtpcheck/machinery/contexts.py): short requests per prompt
+    # in the pilot, and in the targeted stage over the chosen prompts
+    context_pilot: int = 20
+    context_runs: int = 200
     # hypothesis shrinks a failing example before reporting it. Off in ci: the
     # first failing example is reported as found, and shrinking one against a
     # real backend cost minutes (76-288 s on an expected failure, mlx-lm).
@@ -61,9 +65,11 @@ class Profile:
 
 PROFILES = {
     "ci": Profile("ci", dist_runs=40, dist_tokens=48, greedy_tokens=40, hypothesis_examples=10, trace_runs=6,
-                  shrink=False),
-    "dev": Profile("dev", dist_runs=80, dist_tokens=48, greedy_tokens=64, hypothesis_examples=25, trace_runs=12),
-    "thorough": Profile("thorough", dist_runs=300, dist_tokens=64, greedy_tokens=128, hypothesis_examples=100, trace_runs=40),
+                  context_pilot=20, context_runs=200, shrink=False),
+    "dev": Profile("dev", dist_runs=80, dist_tokens=48, greedy_tokens=64, hypothesis_examples=25, trace_runs=12,
+                   context_pilot=100, context_runs=1400),
+    "thorough": Profile("thorough", dist_runs=300, dist_tokens=64, greedy_tokens=128, hypothesis_examples=100, trace_runs=40,
+                        context_pilot=200, context_runs=4000),
 }
 
 

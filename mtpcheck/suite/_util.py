@@ -14,7 +14,9 @@ from mtpcheck.laws.stats import SUITE_ALPHA
 # rest, DIST_ALPHA each.
 INDEPENDENCE_ALPHA = 1e-8
 INDEPENDENCE_TESTS = 2
-STAT_SUBTESTS = 12  # rank G-test and PIT-KS for each of the six DIST_CONFIGS
+# rank G-test and PIT-KS for each of the six DIST_CONFIGS, and DIST-CONTEXT's
+# test (three stages sharing one DIST_ALPHA) for each of the CONTEXT_CONFIGS
+STAT_SUBTESTS = 12 + 3
 DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
 DIST_CONFIGS = {
@@ -26,6 +28,13 @@ DIST_CONFIGS = {
     "temp_0_7": SamplingParams(temperature=0.7),
     "temp_1_3": SamplingParams(temperature=1.3),
 }
+
+
+# DIST-CONTEXT: the configurations with a filter. A bug that acts through the
+# filter (the draft law reported without it) tilts each context's law where
+# pooled ranks cancel; without a filter the pooled tests already have power
+# (docs/power.md).
+CONTEXT_CONFIGS = ("top_k", "top_p", "min_p")
 
 
 def request(prompt, max_tokens, sp: SamplingParams, spec=None, **kw) -> GenerationRequest:

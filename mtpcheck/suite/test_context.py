@@ -1,0 +1,58 @@
+"""DIST-CONTEXT: at a fixed context, speculative output follows the target law
+token by token - a pilot over the fixture prompts, then many short requests
+on the prompts where the pilot's statistic stood out (mtpcheck/machinery/contexts.py)."""
+
+import itertools
+
+import pytest
+
+from mtpcheck.machinery import contexts as ctx
+
+from ._util import CONTEXT_CONFIGS, DIST_ALPHA, DIST_CONFIGS, spec_for
+from .test_distribution import SUSPICIOUS
+
+# Three stages share one DIST_ALPHA (union bound): the pilot over every prompt,
+# the targeted sample, and its escalation when the targeted p-value is suspicious.
+STAGE_ALPHA = DIST_ALPHA / 3
+TARGETS = 2  # prompts the targeted stage concentrates on
+ESCALATE = 2  # the targeted sample is already the suite's largest draw: grown 2-fold, not 4
+PILOT_MIN_EXPECTED = 5.0  # the pilot's per-prompt scores only rank prompts; their p-values are not used
+
+
+def _seeds(mtp_seed: int, config: str):
+    """Distinct seeds below 2**31 (runtimes that keep 32 bits of a seed must
+    not see two requests collide), apart from DIST-EQUIV's mtp_seed * 1000 + r."""
+    base = (mtp_seed * 7919 + 500_000_000 + CONTEXT_CONFIGS.index(config) * 20_000_000) % (2**31 - 100_000_000)
+    counter = itertools.count(base)
+    return lambda: next(counter)
+
+
+@pytest.mark.contract("DIST-CONTEXT")
+@pytest.mark.parametrize("config", CONTEXT_CONFIGS)
+def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile,
+                                                        mtp_seed, mtp_record, config):
+    caps, sp, prof = mtp_capabilities, DIST_CONFIGS[config], mtp_profile
+    spec, seeds = spec_for(caps), _seeds(mtp_seed, config)
+    out = ctx.staged_test(
+        lambda per_prompt: ctx.draw(mtp_backend, caps, mtp_fixture, per_prompt, sp, spec, seeds),
+        lambda prompt, cont: mtp_backend.target_distributions(prompt, cont, sp),
+        list(mtp_fixture), ctx.lead(caps), prof.context_pilot, prof.context_runs, STAGE_ALPHA,
+        targets=TARGETS, escalate=ESCALATE, suspicious=SUSPICIOUS, pilot_min_expected=PILOT_MIN_EXPECTED)
+    mtp_record(config=config, stages=out.stages, pilot_scores=out.scores, pilot_acceptance=out.acceptance,
+               targets=out.targets, sampled_through="generate_batch" if caps.generate_batch else "generate")
+    if not out.used:
+        pytest.skip("speculation was not used for this configuration's short requests (see REPORT-HONEST)")
+    if out.failed:
+        stage, r = out.failed
+        tops = r.details.get("top_contexts") or []
+        where = ""
+        if tops:
+            t = tops[0]
+            where = (f"; most deviant context {t['context']}: n={t['n']}, TV {t['tv']}, token {t['most_over']['token']}"
+                     f" drawn at rate {t['most_over']['observed']} vs target {t['most_over']['target']}")
+        pytest.fail(f"{stage} stage: tokens at fixed contexts do not follow the target law: {r.note}; "
+                    f"p={r.p_value:.3g} < alpha={r.alpha:.2g} (G={r.statistic:.1f}, df={r.df}, n={r.n}){where}",
+                    pytrace=False)
+    if not out.targets:
+        pytest.skip(f"no fixture prompt reached a context with two cells of expected count {PILOT_MIN_EXPECTED} in "
+                    f"{prof.context_pilot} short requests: every first speculative position is (nearly) one-hot")
