@@ -46,7 +46,7 @@ DIST_CONFIG = {
     "draft-sampler-unprocessed": "top_k",
     "residual-softmax": "top_k",
     "confident-draft-accepted": "top_k",
-    "draft-law-unfiltered": "top_k",
+    "draft-law-unfiltered": "top_p",  # its strongest configuration on the fixture (docs/power.md, section D)
 }
 
 
@@ -205,7 +205,8 @@ def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, pro
     try:
         def one(name: str) -> MutantRun:
             sel = dist_select(DIST_CONFIG.get(name, "temperature")) if select == "per-mutant" else select
-            r = run_mutant(MUTANTS[name], clauses_for(MUTANTS[name]), work, profile, seed, base, sel,
+            m = MUTANTS[name]
+            r = run_mutant(m, clauses_for(m), work, m.profile or profile, seed, m.base or base, sel,
                            black_box=black_box)
             if progress:
                 progress(r)
@@ -260,6 +261,8 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
         + (", the distribution clauses (DIST-*) on one of their four sampling configurations per mutant: `temperature` "
            "unless the bug shows only under another (" + ", ".join(f"`{k}`: {v}" for k, v in DIST_CONFIG.items()) + ")"
            if meta.get("select") == "per-mutant" else "") + ".",
+        *[f"`{m.name}` runs on base `{m.base or meta['base']}` at profile `{m.profile or meta['profile']}`: {m.needs}."
+          for m in MUTANTS.values() if m.base or m.profile],
         "",
         f"**{verdicts.count('killed')} of {len(runs)} mutants killed by every clause they declare**; "
         f"{verdicts.count('partly killed')} partly killed, {verdicts.count('caught elsewhere')} caught only elsewhere, "
