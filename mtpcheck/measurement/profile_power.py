@@ -103,9 +103,9 @@ def render(rows: list[dict], meta: dict) -> str:
     if goal:
         best = max(goal, key=lambda r: r["dev+esc"])
         met = best["dev+esc"] >= 0.9
-        lines += ["", f"**Goal of issue 12** (the draft law reported without its top-k/top-p filter, a per-position "
-                  f"TV of 0.04-0.07 as the issue measured it, caught black-box with power >= 0.9 at `dev`): "
-                  f"**{'met' if met else 'not met'}**. Best `dev` detection with escalation: {best['dev+esc']:.2f} "
+        lines += ["", f"**Goal of issue 12 by DIST-EQUIV alone** (the draft law reported without its top-k/top-p filter, "
+                  f"a per-position TV of 0.04-0.07 as the issue measured it, caught black-box with power >= 0.9 at "
+                  f"`dev`): **{'met' if met else 'not met'}** (the clause built for it, DIST-CONTEXT, is in section D). Best `dev` detection with escalation: {best['dev+esc']:.2f} "
                   f"({best['base']}, {best['config']}); at `thorough`: "
                   + ", ".join(f"{r['base']}/{r['config']} {r['thorough+esc']:.2f}" for r in goal) + ". "
                   "In rank space (what the G-test and PIT-KS see, pooled over contexts) the bias shows as a rank-bin "
