@@ -1,17 +1,21 @@
 """Calibration: correct backends pass, and the statistical tests' false-alarm
 rates are what they claim. Writes docs/calibration.md.
 
-1. Null suite runs: the reference engine on toy models with each acceptance
-   rule (rejection, exact_match) and each draft kind (mtp, assistant), plus
-   the twin assistant (the target drafting for itself: long accepted blocks,
-   lookahead branches promoted and reused), against the whole suite under
-   the `ci` profile with >= 20 base seeds (`--mtp-seed`). Zero failures are
-   expected. Lookahead on and off is exercised inside every run: the
+1. Null suite runs: the reference engine (`--backend mlx`, the main job's
+   fixture, or `toy`) with each acceptance rule (rejection, exact_match) and
+   each draft kind (mtp, assistant; on toy also the twin assistant, the
+   target drafting for itself: long accepted blocks, lookahead branches
+   promoted and reused), against the whole suite under the `ci` profile over
+   base seeds (`--mtp-seed`). Zero failures are expected. Lookahead on and off is exercised inside every run: the
    scheduler clauses run each request with lookahead on and off
    (LOOKAHEAD-EQUIV compares them, SCHED-INTERLEAVE draws it per example).
    Clauses that use no seed (greedy, stops, request and report clauses, all
    at temperature 0) give the same result under every seed; with
    `--seed-free-once` (the default) they run under the first seed only.
+   Every statistical test records its p-value in the run's evidence; over
+   the runs, each test's rate of p < 0.05 must fit its level (per-test
+   false-alarm rates, `test_rates`): these are the suite's own tests, on its
+   own samples, at the `ci` sample sizes.
 2. Null false-alarm rates of the DIST-EQUIV tests (rank G-test, PIT-KS) at a
    relaxed alpha (0.05), over >= 200 independent null runs whose observations
    come from real generate() + target_distributions() calls on the correct
@@ -19,7 +23,7 @@ rates are what they claim. Writes docs/calibration.md.
    of the suite). Each rate must lie within the binomial (Clopper-Pearson)
    interval: 0.05 inside the 95 % interval of the observed rate.
 
-`python -m mtpcheck.measurement.calibrate [--seeds 20] [--null-runs 240]`.
+`python -m mtpcheck.measurement.calibrate [--backend mlx] [--seeds 50] [--null-runs 240]`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
@@ -43,6 +48,10 @@ CONFIGS: dict[str, dict[str, str]] = {
     "exact_match / assistant": {"acceptance": "exact_match", "drafter": "assistant"},
     "rejection / assistant (twin)": {"acceptance": "rejection", "drafter": "assistant", "twin": "1"},
 }
+# the twin assistant is a toy-model option; the reference fixture has no twin
+BACKEND_CONFIGS = {"toy": CONFIGS, "mlx": {k: v for k, v in CONFIGS.items() if "twin" not in v}}
+BACKEND_LABEL = {"toy": "the reference engine on toy models (`--mtp-backend=toy`)",
+                 "mlx": "the reference engine on its shipped fixture (`--mtp-backend=mlx`, the main job's backend)"}
 NULL_ALPHA = 0.05
 
 
@@ -50,18 +59,21 @@ NULL_ALPHA = 0.05
 
 
 def suite_calibration(seeds: list[int], jobs: int, seed_free_once: bool = True, configs: dict | None = None,
-                      clauses: list[str] | None = None, progress=print) -> list[dict]:
-    """One suite run per (config, seed); returns one record per run."""
-    configs = configs or CONFIGS
+                      clauses: list[str] | None = None, progress=print, backend: str = "toy",
+                      sink=None) -> list[dict]:
+    """One suite run per (config, seed); returns one record per run, and hands
+    each to `sink` as it finishes (a long calibration keeps what it ran)."""
+    configs = configs or BACKEND_CONFIGS[backend]
     every = clauses or catalogue_ids()
     seeded = [c for c in every if c not in SEED_FREE] if seed_free_once else every
+    # seed-major order: a calibration stopped early has covered every configuration
     tasks = [(name, seed, every if (i == 0 or not seed_free_once) else seeded)
-             for name in configs for i, seed in enumerate(seeds)]
+             for i, seed in enumerate(seeds) for name in configs]
     with tempfile.TemporaryDirectory(prefix="mtpcheck-calibrate-") as tmp:
         def one(task):
             name, seed, cl = task
             path = Path(tmp) / f"{name.replace(' ', '').replace('/', '_')}-{seed}.json"
-            code, data, tail, secs = suite_run(backend_args(configs[name]), cl, path, "ci", seed)
+            code, data, tail, secs = suite_run(backend_args(configs[name], backend), cl, path, "ci", seed)
             rec = {"config": name, "seed": seed, "returncode": code, "seconds": secs, "clauses": {}, "evidence": {},
                    "error": "" if data is not None and code in (0, 1) else tail}
             for cid, row in (data or {}).get("clauses", {}).items():
@@ -71,6 +83,8 @@ def suite_calibration(seeds: list[int], jobs: int, seed_free_once: bool = True, 
             bad = [c for c, r in rec["clauses"].items() if r["outcome"] in ("failed", "error")]
             progress(f"{name:30} seed {seed:5}  {secs:6.1f} s  {'FAILED ' + ','.join(bad) if bad else 'ok'}"
                      + (f"  runner error: {rec['error'][-200:]}" if rec["error"] else ""))
+            if sink:
+                sink(rec)
             return rec
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -128,15 +142,63 @@ def null_calibration(n_runs: int, generations: int, jobs: int, progress=print) -
     return out
 
 
-def rate_row(name: str, pvalues: list[float], alpha: float = NULL_ALPHA) -> dict:
+def rate_row(name: str, pvalues: list[float], alpha: float = NULL_ALPHA, conservative: bool = False) -> dict:
+    """False alarms at `alpha` with a 95 % Clopper-Pearson interval. A test at
+    its level must have alpha inside the interval; a conservative one (an
+    e-value bound) only must not exceed it: alpha at or above the interval's
+    low end."""
     from scipy import stats
 
     k, n = sum(p < alpha for p in pvalues), len(pvalues)
     test = stats.binomtest(k, n, alpha)
     ci = test.proportion_ci(confidence_level=0.95, method="exact")
+    within = ci.low <= alpha if conservative else ci.low <= alpha <= ci.high
     return {"test": name, "alarms": k, "runs": n, "rate": k / n, "ci_low": ci.low, "ci_high": ci.high,
-            "binom_p": test.pvalue, "within": bool(ci.low <= alpha <= ci.high),
+            "binom_p": test.pvalue, "within": bool(within), "conservative": conservative,
             "pvalue_uniformity_ks": float(stats.kstest(pvalues, "uniform").pvalue)}
+
+
+def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
+    """Every statistical test's p-values over the suite runs, from the evidence
+    the suite records (first stages only: an escalation is a fresh sample at
+    its own share of alpha). A test that did not test (DIST-CONTEXT's pilot
+    with no informative context: df 0, p = 1) is left out."""
+    out: dict[str, dict] = {}
+
+    def add(test: str, clause: str, p: float, conservative: bool = False):
+        out.setdefault(test, {"clause": clause, "conservative": conservative, "p": []})["p"].append(float(p))
+
+    for r in suite_runs:
+        ev = r["evidence"]
+        for e in ev.get("DIST-EQUIV", []):
+            first = e.get("stage1") or {"gtest_p": e["gtest"]["p_value"], "pit_ks_p": e["pit_ks"]["p_value"]}
+            add("DIST-EQUIV rank G-test", "DIST-EQUIV", first["gtest_p"])
+            add("DIST-EQUIV PIT-KS", "DIST-EQUIV", first["pit_ks_p"])
+        for e in ev.get("DIST-CONTEXT", []):
+            for st in e.get("stages", []):
+                if st.get("df", 0) > 0 and st["stage"] in ("pilot", "targeted"):
+                    add(f"DIST-CONTEXT {st['stage']} G-test", "DIST-CONTEXT", st["p_value"])
+        for cid in ("SEED-INDEPENDENT", "SEED-STREAMS-INDEPENDENT"):
+            for e in ev.get(cid, []):
+                add(f"{cid} e-value", cid, e["test"]["p_value"], conservative=True)
+    return out
+
+
+def coincidence_ratios(suite_runs: list[dict]) -> dict[str, tuple[int, float]]:
+    """SEED-INDEPENDENT's coincidences pooled over the runs, by kind: (hits,
+    expected under independence). The e-value p-values sit near 1 under the
+    null; these totals check the null model itself (observed / expected ~ 1)."""
+    tot: dict[str, list] = {}
+    for r in suite_runs:
+        for e in r["evidence"].get("SEED-INDEPENDENT", []):
+            for key, d in e["test"].get("details", {}).items():
+                if not isinstance(d, dict) or "hits" not in d:
+                    continue
+                kind = key.split(": ", 1)[-1]
+                t = tot.setdefault(kind, [0, 0.0])
+                t[0] += d["hits"]
+                t[1] += d["expected"]
+    return {k: (int(h), float(x)) for k, (h, x) in tot.items()}
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -155,7 +217,7 @@ def render(suite_runs: list[dict], null_runs: list[dict], meta: dict) -> str:
         errors = [r for r in suite_runs if r["error"]]
         lines += ["## Correct backends pass", "",
                   (f"A reduced run: clauses {', '.join(meta['clauses'])} only" if meta.get("clauses") else "The whole suite")
-                  + f", profile `ci`, against the reference engine on toy models, {len(seeds)} base seeds "
+                  + f", profile `ci`, against {BACKEND_LABEL[meta.get('backend', 'toy')]}, {len(seeds)} base seeds "
                   f"(`--mtp-seed` {seeds[0]}..{seeds[-1]}), {len(suite_runs)} suite runs: "
                   f"**{len(failures)} clause failures, {len(errors)} runner errors**.", "",
                   "Lookahead on and off runs inside every run (the scheduler clauses drive each request with lookahead "
@@ -187,6 +249,29 @@ def render(suite_runs: list[dict], null_runs: list[dict], meta: dict) -> str:
         if fresh:
             lines += ["", f"DRAFT-FRESH: the largest difference between a round's first draft law and a fresh "
                       f"prefill's was {max(fresh):.3g} (tolerance 1e-3) over {len(fresh)} tests."]
+        pvals = suite_pvalues(suite_runs)
+        if pvals:
+            lines += ["", "## Per-test false-alarm rates in these runs", "",
+                      f"Each statistical test's p-values over the {len(suite_runs)} runs above, from the evidence the "
+                      f"suite recorded (its own tests on its own `ci` samples; first stages only), read at a relaxed "
+                      f"alpha = {NULL_ALPHA}. A test at its level must have {NULL_ALPHA} inside the 95 % Clopper-Pearson "
+                      "interval of its rate; an e-value test is conservative by construction (p = min(1, 1/E), near "
+                      f"1 under the null) and only must not exceed it ({NULL_ALPHA} at or above the interval's low end).", "",
+                      "| test | clause | p-values | p < 0.05 | rate | 95 % interval | fits | smallest p | median p | "
+                      "KS of the p-values vs U(0,1), p |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for name, t in pvals.items():
+                x = rate_row(name, t["p"], conservative=t["conservative"])
+                ps = sorted(t["p"])
+                lines.append(f"| {name} | {t['clause']} | {x['runs']} | {x['alarms']} | {x['rate']:.3f} | "
+                             f"[{x['ci_low']:.3f}, {x['ci_high']:.3f}] | "
+                             f"{('yes' + (' (<= alpha)' if t['conservative'] else '')) if x['within'] else '**no**'} | "
+                             f"{ps[0]:.3g} | {ps[len(ps) // 2]:.3g} | "
+                             + ("- (conservative)" if t["conservative"] else f"{x['pvalue_uniformity_ks']:.3g}") + " |")
+            ratios = coincidence_ratios(suite_runs)
+            if ratios:
+                lines += ["", "SEED-INDEPENDENT's null model, pooled over the runs (coincidences observed / expected "
+                          "under independence from the target laws): "
+                          + "; ".join(f"{k}: {h} / {x:.1f} = {h / x:.3f}" for k, (h, x) in ratios.items() if x > 0) + "."]
     if null_runs:
         rows = [rate_row("rank G-test", [r["g_p"] for r in null_runs]), rate_row("PIT-KS", [r["ks_p"] for r in null_runs])]
         ns = sorted(r["n"] for r in null_runs)
@@ -217,7 +302,9 @@ def render(suite_runs: list[dict], null_runs: list[dict], meta: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
     p = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.calibrate")
-    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--backend", choices=sorted(BACKEND_CONFIGS), default="mlx",
+                   help="suite runs against the reference fixture (mlx, the main job's) or toy models")
+    p.add_argument("--seeds", type=int, default=50)
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--null-runs", type=int, default=240)
@@ -230,23 +317,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs" / "calibration.md"))
     p.add_argument("--json", help="also write the raw runs as JSON")
     p.add_argument("--reuse", action="append", default=[], metavar="JSON",
-                   help="runs from an earlier --json to include (repeatable); their wall time is added")
+                   help="runs from an earlier --json (or its .runs.jsonl) to include (repeatable); a --json's wall "
+                        "time is added")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    configs = {k: CONFIGS[k.strip()] for k in args.configs.split(",")} if args.configs else CONFIGS
+    known = BACKEND_CONFIGS[args.backend]
+    names = [k.strip() for k in args.configs.split(",")] if args.configs else list(known)
+    bad = [k for k in names if k not in known]
+    if bad:
+        p.error(f"--configs: {', '.join(bad)} not a configuration of {args.backend}: {', '.join(known)}")
+    configs = {k: known[k] for k in names}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     clauses = [c.strip() for c in args.clauses.split(",")] if args.clauses else None
+    lock = threading.Lock()
+
+    def sink(rec):  # one JSON line per finished run, beside --json
+        if args.json:
+            with lock, open(args.json + ".runs.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
     suite_runs = [] if args.skip_suite else suite_calibration(seeds, args.jobs, not args.every_seed, configs,
-                                                              clauses=clauses)
+                                                              clauses=clauses, backend=args.backend, sink=sink)
     null_runs = [] if args.skip_null else null_calibration(args.null_runs, args.generations, args.jobs)
     earlier = 0.0
     for path in args.reuse:
+        if path.endswith(".jsonl"):  # the runs a calibration finished before it was stopped
+            suite_runs = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()] + suite_runs
+            continue
         old = json.loads(Path(path).read_text())
         suite_runs, null_runs = old["suite"] + suite_runs, old["null"] + null_runs
         earlier += old["meta"]["wall_s"]
         args.generations = old["meta"]["generations"] if old["null"] else args.generations
     meta = {"cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0 + earlier, "generations": args.generations,
-            "seed_free_once": not args.every_seed, "clauses": clauses}
+            "seed_free_once": not args.every_seed, "clauses": clauses, "backend": args.backend}
     Path(args.out).write_text(render(suite_runs, null_runs, meta))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "suite": suite_runs, "null": null_runs}, indent=1) + "\n")
@@ -254,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = any(x["outcome"] in ("failed", "error") for r in suite_runs for x in r["clauses"].values())
     errors = any(r["error"] for r in suite_runs)
     off = null_runs and not all(rate_row(t, [r[k] for r in null_runs])["within"] for t, k in (("g", "g_p"), ("ks", "ks_p")))
+    off = off or not all(rate_row(n, t["p"], conservative=t["conservative"])["within"]
+                         for n, t in suite_pvalues(suite_runs).items())
     return 1 if failed or errors or off else 0
 
 
