@@ -1,0 +1,50 @@
+"""The calibration's per-test false-alarm rates: p-values are read from the
+evidence the suite records, and a rate that does not fit its level fails."""
+
+import numpy as np
+
+from mtpcheck.measurement.calibrate import coincidence_ratios, rate_row, render, suite_pvalues
+
+
+def _run(rng, seed, g_p=None):
+    dist = [{"config": c, "gtest": {"p_value": 0.0, "alpha": 3e-8, "n": 1000}, "pit_ks": {"p_value": 0.0},
+             "stage1": {"gtest_p": float(rng.uniform()) if g_p is None else g_p, "pit_ks_p": float(rng.uniform())}}
+            for c in ("temperature", "top_k")]
+    ctx = [{"config": "top_k", "stages": [
+        {"stage": "pilot", "p_value": 1.0, "df": 0},  # no informative context: not a test
+        {"stage": "targeted", "p_value": float(rng.uniform()), "df": 6}]}]
+    ind = [{"test": {"p_value": 1.0, "details": {"s,s+1 lag 0: tokens agree": {"hits": 3, "expected": 2.5},
+                                                 "s,s+1 lag 1: tokens agree": {"hits": 2, "expected": 2.5}}}}]
+    return {"config": "rejection / mtp", "seed": seed, "returncode": 0, "seconds": 1.0, "error": "",
+            "clauses": {"DIST-EQUIV": {"outcome": "passed", "notes": []}},
+            "evidence": {"DIST-EQUIV": dist, "DIST-CONTEXT": ctx, "SEED-INDEPENDENT": ind}}
+
+
+def test_pvalues_come_from_first_stages_and_skip_untested_stages():
+    rng = np.random.default_rng(1)
+    runs = [_run(rng, s) for s in range(5)]
+    pv = suite_pvalues(runs)
+    assert len(pv["DIST-EQUIV rank G-test"]["p"]) == 10
+    assert pv["DIST-EQUIV rank G-test"]["p"][0] == runs[0]["evidence"]["DIST-EQUIV"][0]["stage1"]["gtest_p"]
+    assert "DIST-CONTEXT pilot G-test" not in pv and len(pv["DIST-CONTEXT targeted G-test"]["p"]) == 5
+    assert pv["SEED-INDEPENDENT e-value"]["conservative"] is True
+    assert coincidence_ratios(runs) == {"tokens agree": (25, 25.0)}
+
+
+def test_a_test_that_alarms_too_often_does_not_fit():
+    rng = np.random.default_rng(2)
+    good = rate_row("t", list(rng.uniform(size=400)))
+    bad = rate_row("t", list(rng.uniform(size=400) ** 3))  # p-values pushed towards 0: too many alarms
+    assert good["within"] and not bad["within"]
+    # an e-value test that never alarms is fine; a plain test that never alarms is not at its level
+    assert rate_row("e", [1.0] * 400, conservative=True)["within"]
+    assert not rate_row("t", [1.0] * 400)["within"]
+
+
+def test_the_report_says_so():
+    rng = np.random.default_rng(3)
+    runs = [_run(rng, s, g_p=0.001) for s in range(40)]
+    text = render(runs, [], {"cpus": 2, "wall_s": 60, "generations": 20, "seed_free_once": True, "clauses": None,
+                             "backend": "mlx"})
+    assert "| DIST-EQUIV rank G-test | DIST-EQUIV | 80 | 80 | 1.000 |" in text and "**no**" in text
+    assert "shipped fixture" in text
