@@ -157,3 +157,24 @@ def test_the_suite_budget_holds_with_the_context_stages():
              + len(CONTEXT_CONFIGS) * 3 * STAGE_ALPHA)
     assert STAGE_ALPHA * 3 == pytest.approx(DIST_ALPHA)
     assert total <= SUITE_ALPHA * (1 + 1e-12)
+
+
+def test_only_the_first_speculative_position_is_grouped():
+    """A short request's token after the verified proposal (a bonus or a plain
+    draw) is not a context of the test: it would add degrees of freedom and no
+    signal for an acceptance bug. positions=2 groups it too."""
+    res = [SimpleNamespace(tokens=[7, t, 1]) for t in [0] * 12 + [1] * 12]
+    draws = [("a", [0], r) for r in res]
+    fetched = []
+
+    def laws(prompt, cont):
+        fetched.append(tuple(cont[:-1]))
+        rows = np.zeros((len(cont), 3))
+        rows[:, :2] = 0.5
+        return rows
+
+    one = ctx.context_draws(laws, draws, 1)
+    assert [d.label for d in one["a"]] == ["a + [7]"] and len(one["a"][0].tokens) == 24
+    assert fetched == [(7,)]
+    two = ctx.context_draws(laws, draws, 1, positions=2)
+    assert sorted(d.label for d in two["a"]) == ["a + [7, 0]", "a + [7, 1]", "a + [7]"]
