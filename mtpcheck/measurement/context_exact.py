@@ -203,12 +203,13 @@ def render(results: list[dict], meta: dict) -> str:
             s = round(tv / r["mean_tv"], 6)
             if (profs[0], s) not in r["cells"]:
                 row.append("- (above the mutant's own)")
-                miss = None if miss is None else {p: float("nan") for p in profs}
+                miss = None
                 continue
             row.append(cell(r, s))
             for p in profs:
-                miss[p] *= 1 - r["cells"][p, s]["rate"]
-        row.append(" / ".join(f"{1 - miss[p]:.2f}" for p in profs))
+                if miss is not None:
+                    miss[p] *= 1 - r["cells"][p, s]["rate"]
+        row.append(" / ".join(f"{1 - miss[p]:.2f}" for p in profs) if miss else "-")
         lines.append("| " + " | ".join(row) + " |")
     row, miss = ["the mutant's own"], {p: 1.0 for p in profs}
     for r in results:
