@@ -22,4 +22,4 @@ def test_black_box_serves_what_it_declares_and_hides_traces():
     assert [r.tokens for r in batch] == [r.tokens for r in single]
     assert all(r.trace is None and r.logprobs is None for r in batch + single)
     with pytest.raises(AttributeError, match="no open_scheduler"):
-        bb.open_scheduler
+        _ = bb.open_scheduler

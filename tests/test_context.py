@@ -149,7 +149,12 @@ def test_a_suspicious_targeted_p_value_escalates(monkeypatch):
 
 def test_the_suite_budget_holds_with_the_context_stages():
     from mtpcheck.laws.stats import SUITE_ALPHA
-    from mtpcheck.suite._util import CONTEXT_CONFIGS, DIST_ALPHA, INDEPENDENCE_ALPHA, INDEPENDENCE_TESTS
+    from mtpcheck.suite._util import (
+        CONTEXT_CONFIGS,
+        DIST_ALPHA,
+        INDEPENDENCE_ALPHA,
+        INDEPENDENCE_TESTS,
+    )
     from mtpcheck.suite.test_context import STAGE_ALPHA
     from mtpcheck.suite.test_distribution import STAGE1, STAGE2
 

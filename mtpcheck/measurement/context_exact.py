@@ -40,6 +40,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import write_section
+
 START, END = "<!-- context-exact:start -->", "<!-- context-exact:end -->"
 MASS = 1 - 1e-6  # prefill tokens traced: the most likely ones, up to this share of p0
 TVS = (0.0, 0.02, 0.03, 0.04, 0.05)  # per-context TVs simulated, beside the mutant's own (scale 1)
@@ -101,10 +103,10 @@ class ExactContexts:
         (drawn grouped by context: one multinomial per distinct prefix)."""
         out = []
         ts, nt = np.unique(rng.choice(len(self.p0), size=m, p=self.p0), return_counts=True)
-        for t, k in zip(ts.tolist(), nt.tolist()):
+        for t, k in zip(ts.tolist(), nt.tolist(), strict=True):
             law = self.p[t] + scale * (self.pi[t] - self.p[t]) if t in self.pi else self.laws(self.prompt, [t, 0])[1]
             xs, nx = np.unique(rng.choice(len(law), size=k, p=law / law.sum()), return_counts=True)
-            for x, j in zip(xs.tolist(), nx.tolist()):
+            for x, j in zip(xs.tolist(), nx.tolist(), strict=True):
                 after = self.laws(self.prompt, [t, x, 0])[2]
                 out += [[t, x, int(y)] for y in rng.choice(len(after), size=j, p=after / after.sum())]
         order = rng.permutation(len(out))  # requests in arrival order, not grouped
@@ -256,15 +258,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     meta = {"base": args.base, "mutant": args.mutant, "reps": args.reps, "alpha": results[0]["alpha"],
             "profiles": profs, "tvs": TVS, "wall_min": (time.time() - t0) / 60}
-    out = Path(args.out)
-    text = out.read_text() if out.exists() else ""
-    block = render(results, meta)
-    if START in text and END in text:
-        text = text[: text.index(START)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    out.write_text(text)
-    print(f"wrote {out}")
+    write_section(Path(args.out), START, END, render(results, meta))
     return 0
 
 

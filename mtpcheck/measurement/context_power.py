@@ -28,6 +28,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import write_section
+
 START, END = "<!-- context-power:start -->", "<!-- context-power:end -->"
 NAMES = ("correct", "draft-law-unfiltered")
 
@@ -94,10 +96,10 @@ def detection(pl: dict, laws, pilot: int, runs: int, reps: int, alpha: float, se
             out = []
             for k, m in per_prompt.items():
                 for _ in range(m):
-                    if not order[k]:
-                        spent[0] = True
+                    if not order[k]:  # noqa: B023 - sample() runs within this repetition
+                        spent[0] = True  # noqa: B023
                         raise _Spent
-                    i = order[k].pop()
+                    i = order[k].pop()  # noqa: B023
                     toks, used, acc, dr = pl["pool"][k][i]
                     res = SimpleNamespace(tokens=list(toks), speculation=SimpleNamespace(used=used, accepted=acc,
                                                                                          drafted=dr))
@@ -167,7 +169,7 @@ def render(rows: list[dict], meta: dict) -> str:
     for r in rows:
         key.setdefault((r["name"], r["config"]), {})[r["profile"]] = r
     for (name, config), cells in key.items():
-        def cell(p):
+        def cell(p, cells=cells):
             r = cells[p]
             if r["rate"] is None:
                 return "-"
@@ -217,15 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             meta.setdefault("lines", []).append(f"`{name}` at `{prof}`: {1 - miss:.2f}")
     meta["union"] = meta.get("lines") and ("Caught by at least one of the three configurations (runs independent, 1 - product of misses): "
                      + "; ".join(meta["lines"]) + ".")
-    out = Path(args.out)
-    text = out.read_text() if out.exists() else ""
-    block = render(rows, meta)
-    if START in text and END in text:
-        text = text[: text.index(START)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    out.write_text(text)
-    print(f"wrote {out}")
+    write_section(Path(args.out), START, END, render(rows, meta))
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtpcheck.measurement import write_section
 from mtpcheck.measurement.power import pool
 from mtpcheck.mutants.run import DIST_CONFIG, ROOT
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         saved = json.loads(Path(args.rows).read_text())
-        _write(Path(args.out), render(saved["rows"], saved["meta"]))
+        write_section(Path(args.out), START, END, render(saved["rows"], saved["meta"]))
         return 0
     from mtpcheck.measurement.power import rank_tv as _rank_tv
     from mtpcheck.suite._util import DIST_ALPHA
@@ -164,16 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     (Path(args.cache) / "rows.json").write_text(json.dumps({"rows": rows, "meta": meta}))
-    _write(Path(args.out), render(rows, meta))
+    write_section(Path(args.out), START, END, render(rows, meta))
     return 0
-
-
-def _write(out: Path, section: str) -> None:
-    text = out.read_text()
-    text = (text[: text.index(START)] + section + text[text.index(END) + len(END):] if START in text
-            else text.rstrip() + "\n\n" + section + "\n")
-    out.write_text(text)
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover
