@@ -35,10 +35,11 @@ def test_a_test_that_alarms_too_often_does_not_fit():
     rng = np.random.default_rng(2)
     good = rate_row("t", list(rng.uniform(size=400)))
     bad = rate_row("t", list(rng.uniform(size=400) ** 3))  # p-values pushed towards 0: too many alarms
-    assert good["within"] and not bad["within"]
-    # an e-value test that never alarms is fine; a plain test that never alarms is not at its level
+    assert good["within"] and good["not_above"] and not bad["within"] and not bad["not_above"]
+    # a test that never alarms does not exceed its level, and is not at it
+    never = rate_row("t", [1.0] * 400)
+    assert never["not_above"] and not never["within"]
     assert rate_row("e", [1.0] * 400, conservative=True)["within"]
-    assert not rate_row("t", [1.0] * 400)["within"]
 
 
 def test_the_report_says_so():

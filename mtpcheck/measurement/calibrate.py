@@ -13,9 +13,10 @@ rates are what they claim. Writes docs/calibration.md.
    at temperature 0) give the same result under every seed; with
    `--seed-free-once` (the default) they run under the first seed only.
    Every statistical test records its p-value in the run's evidence; over
-   the runs, each test's rate of p < 0.05 must fit its level (per-test
-   false-alarm rates, `test_rates`): these are the suite's own tests, on its
-   own samples, at the `ci` sample sizes.
+   the runs, each test's rate of p < 0.05 must not exceed 0.05 (per-test
+   false-alarm rates, `suite_pvalues`; whether a test is at its level or
+   below it is reported): the suite's own tests, on its own samples, at the
+   `ci` sample sizes.
 2. Null false-alarm rates of the DIST-EQUIV tests (rank G-test, PIT-KS) at a
    relaxed alpha (0.05), over >= 200 independent null runs whose observations
    come from real generate() + target_distributions() calls on the correct
@@ -143,18 +144,20 @@ def null_calibration(n_runs: int, generations: int, jobs: int, progress=print) -
 
 
 def rate_row(name: str, pvalues: list[float], alpha: float = NULL_ALPHA, conservative: bool = False) -> dict:
-    """False alarms at `alpha` with a 95 % Clopper-Pearson interval. A test at
-    its level must have alpha inside the interval; a conservative one (an
-    e-value bound) only must not exceed it: alpha at or above the interval's
-    low end."""
+    """False alarms at `alpha` with a 95 % Clopper-Pearson interval. `within`:
+    alpha inside the interval (the test is at its level); `not_above`: alpha
+    at or above the interval's low end (the rate does not exceed alpha: what
+    the false-failure budget needs). A conservative test (an e-value bound)
+    is judged by `not_above` alone."""
     from scipy import stats
 
     k, n = sum(p < alpha for p in pvalues), len(pvalues)
     test = stats.binomtest(k, n, alpha)
     ci = test.proportion_ci(confidence_level=0.95, method="exact")
-    within = ci.low <= alpha if conservative else ci.low <= alpha <= ci.high
+    not_above = ci.low <= alpha
+    within = not_above if conservative else ci.low <= alpha <= ci.high
     return {"test": name, "alarms": k, "runs": n, "rate": k / n, "ci_low": ci.low, "ci_high": ci.high,
-            "binom_p": test.pvalue, "within": bool(within), "conservative": conservative,
+            "binom_p": test.pvalue, "within": bool(within), "not_above": bool(not_above), "conservative": conservative,
             "pvalue_uniformity_ks": float(stats.kstest(pvalues, "uniform").pvalue)}
 
 
@@ -255,21 +258,24 @@ def render(suite_runs: list[dict], null_runs: list[dict], meta: dict) -> str:
             lines += ["", "## Per-test false-alarm rates in these runs", "",
                       f"Each statistical test's p-values over the {len(suite_runs)} runs above, from the evidence the "
                       f"suite recorded (its own tests on its own `ci` samples; first stages only), read at a relaxed "
-                      f"alpha = {NULL_ALPHA}. A test at its level must have {NULL_ALPHA} inside the 95 % Clopper-Pearson "
-                      "interval of its rate; a conservative test only must not exceed it "
-                      f"({NULL_ALPHA} at or above the interval's low end): the rank G-test, whose chi-square reference "
-                      "is conservative when the pooled laws differ between contexts, and the e-value tests "
-                      "(p = min(1, 1/E), near 1 under the null). Each run's DIST-EQUIV and DIST-CONTEXT subtests "
-                      "draw fresh samples per configuration, so a run contributes one p-value per configuration.", "",
-                      "| test | clause | p-values | p < 0.05 | rate | 95 % interval | fits | smallest p | median p | "
-                      "KS of the p-values vs U(0,1), p |", "|---|---|---|---|---|---|---|---|---|---|"]
+                      f"alpha = {NULL_ALPHA}, with the 95 % Clopper-Pearson interval of each rate. `not above`: "
+                      f"{NULL_ALPHA} at or above the interval's low end, so the test does not alarm more often than "
+                      f"it claims - what the run's false-failure budget needs, and what this calibration requires of "
+                      f"every test. `at level`: {NULL_ALPHA} inside the interval; a test below its level is safe "
+                      "and spends power: the rank G-test, whose chi-square reference is conservative when the pooled "
+                      "laws differ between contexts (docs/statistics.md), and the e-value tests (p = min(1, 1/E), "
+                      "near 1 under the null), are so by construction. Each run's DIST-EQUIV and DIST-CONTEXT "
+                      "subtests draw fresh samples per configuration, so a run gives one p-value per configuration.",
+                      "", "| test | clause | p-values | p < 0.05 | rate | 95 % interval | not above | at level | "
+                      "smallest p | median p | KS of the p-values vs U(0,1), p |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
             for name, t in pvals.items():
-                x = rate_row(name, t["p"], conservative=t["conservative"])
+                x = rate_row(name, t["p"])
                 ps = sorted(t["p"])
+                level = "yes" if x["within"] else ("below (by construction)" if t["conservative"] else "below")
                 lines.append(f"| {name} | {t['clause']} | {x['runs']} | {x['alarms']} | {x['rate']:.3f} | "
-                             f"[{x['ci_low']:.3f}, {x['ci_high']:.3f}] | "
-                             f"{('yes' + (' (<= alpha)' if t['conservative'] else '')) if x['within'] else '**no**'} | "
-                             f"{ps[0]:.3g} | {ps[len(ps) // 2]:.3g} | "
+                             f"[{x['ci_low']:.3f}, {x['ci_high']:.3f}] | {'yes' if x['not_above'] else '**no**'} | "
+                             f"{level} | {ps[0]:.3g} | {ps[len(ps) // 2]:.3g} | "
                              + (f"{x['pvalue_uniformity_ks']:.3g}" if "e-value" not in name else "-") + " |")
             ratios = coincidence_ratios(suite_runs)
             if ratios:
@@ -361,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = any(x["outcome"] in ("failed", "error") for r in suite_runs for x in r["clauses"].values())
     errors = any(r["error"] for r in suite_runs)
     off = null_runs and not all(rate_row(t, [r[k] for r in null_runs])["within"] for t, k in (("g", "g_p"), ("ks", "ks_p")))
-    off = off or not all(rate_row(n, t["p"], conservative=t["conservative"])["within"]
-                         for n, t in suite_pvalues(suite_runs).items())
+    off = off or not all(rate_row(n, t["p"])["not_above"] for n, t in suite_pvalues(suite_runs).items())
     return 1 if failed or errors or off else 0
 
 
