@@ -59,13 +59,29 @@ def emitted_law(p: np.ndarray, q: np.ndarray, q_reported: np.ndarray, rule) -> n
     return out / out.sum()
 
 
+def filtered(q_reported: np.ndarray, sp) -> np.ndarray:
+    """The request's filters (top-k / top-p / min-p) applied to a law at
+    temperature only: what draft-law-unfiltered draws its proposals from."""
+    from mtpcheck.engine.sampling import process
+
+    with np.errstate(divide="ignore"):
+        return process(np.log(q_reported), sp.model_copy(update={"temperature": 1.0, "seed": None}))
+
+
+# mutants whose proposals are drawn from another law than the one they report
+PROPOSAL_LAW = {"draft-law-unfiltered": filtered}
+
+
 class ExactContexts:
     """The exact laws of one prompt's short requests under one sampling
     configuration: p0, and per traced prefill token t, p_t and pi_t."""
 
-    def __init__(self, backend, prompt: list[int], sp, spec: dict, rule, laws):
+    def __init__(self, backend, prompt: list[int], sp, spec: dict, rule, laws, proposal_law=None):
+        """proposal_law(reported law, sp): the law the proposal was drawn from,
+        where the backend's bug makes it differ from the law it reports
+        (PROPOSAL_LAW); by default the reported law itself."""
         from mtpcheck.contracts import GenerationRequest
-        from mtpcheck.engine.sampling import STREAM_TARGET, process, sample, uniform
+        from mtpcheck.engine.sampling import STREAM_TARGET, sample, uniform
 
         self.prompt, self.laws = prompt, laws
         self.p0 = laws(prompt, [0])[0]
@@ -73,12 +89,11 @@ class ExactContexts:
         keep = order[: int(np.searchsorted(np.cumsum(self.p0[order]), MASS)) + 1]
         self.pi: dict[int, np.ndarray] = {}
         self.p: dict[int, np.ndarray] = {}
-        filt = sp.model_copy(update={"temperature": 1.0, "seed": None})  # the filters alone, on a law
         seed = 1
         for t in (int(x) for x in keep if self.p0[x] > 0):
             while sample(self.p0, uniform(seed, STREAM_TARGET, len(prompt))) != t:
                 seed += 1
-            res = backend.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=3, trace=True, speculation=spec,
+            res = backend.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=3, trace=True,  # lead + 2 speculation=spec,
                                                      sampling=sp.model_copy(update={"seed": seed})))
             seed += 1
             if res.tokens[:1] != [t] or not res.trace or not res.trace[0].proposals:
@@ -86,10 +101,7 @@ class ExactContexts:
             tr = res.trace[0]
             q_rep = np.asarray(tr.draft_probs[0], dtype=np.float64)
             p_t = np.asarray(tr.target_probs[0], dtype=np.float64)
-            # the proposal's own law: the reported law with the filters applied
-            # (a correct drafter reports that law: then the two are equal)
-            with np.errstate(divide="ignore"):
-                q = process(np.log(q_rep), filt)
+            q = proposal_law(q_rep, sp) if proposal_law else q_rep
             self.p[t], self.pi[t] = p_t, emitted_law(p_t, q, q_rep, rule)
 
     def tv(self) -> tuple[float, float]:
@@ -163,7 +175,10 @@ def measure(mutant: str, base: str, config: str, reps: int, profiles=("ci", "dev
     t0 = time.time()
     prompts = fixture_prompts(correct)
     rule = get_rule(caps.acceptance_rule)
-    exact = {k: ExactContexts(broken, p, sp, spec_for(caps), rule, laws) for k, p in prompts.items()}
+    if not caps.first_token_from_prefill:
+        raise ValueError(f"{base}: the simulator assumes the first token comes from the prefill (lead 1)")
+    exact = {k: ExactContexts(broken, p, sp, spec_for(caps), rule, laws, PROPOSAL_LAW.get(mutant))
+             for k, p in prompts.items()}
     by_prompt = {k: e.tv() for k, e in exact.items()}
     mean_tv = sum(a for a, _ in by_prompt.values()) / len(by_prompt)  # over prompts (the pilot gives each the same share)
     # scales that give the TVs asked for (only below the mutant's own: p + s (pi - p) stays a law for s <= 1)
