@@ -262,6 +262,14 @@ class Capabilities(_Strict):
         " within this distance of each other, and, when traces give the seeded uniform, the uniform lies within it of"
         " their boundary. 0 (default): exact, nothing is excused. A float runtime declares its CDF rounding, e.g. 1e-3",
     )
+    filter_boundary_tolerance: float = Field(
+        0.0, ge=0.0, le=0.1,
+        description="DIST-ZERO / DIST-EQUIV excuse an emitted token of target probability 0 only where it can be a"
+        " float flip of a filter decision: the backend's own law at temperature only (filters off) puts it within this"
+        " relative distance of surviving top-k, top-p and min-p (mtpcheck.laws.stats.filter_margin). Excused tokens"
+        " are dropped from the tests and listed, with their margins, in the evidence. 0 (default): exact, nothing is"
+        " excused. A float runtime declares its logits' relative rounding, e.g. 1e-5 for float32",
+    )
     logprob_tolerance: float = Field(
         1e-4, gt=0.0, le=1.0,
         description="LOGPROBS: largest |reported logprob - log p| (nats) against target_distributions' law",

@@ -186,6 +186,38 @@ def zero_probability_violations(obs: Observations) -> list[int]:
     return np.flatnonzero(_zero_mask(tokens, P, valid)).tolist()
 
 
+def filter_margin(raw: np.ndarray, token: int, sp) -> float:
+    """How far `token` is from surviving sp's filters, relative: 0 when it
+    survives, else the largest relative shortfall over top-k (its
+    probability below the k-th), top-p (the mass ranked above it beyond
+    top_p) and min-p (its probability below min_p * max), applied in the
+    engine's order to `raw`, the law at temperature only (filters off), with
+    the token kept through each. inf when raw gives it probability 0."""
+    p = np.asarray(raw, dtype=np.float64).copy()
+    if not 0 <= token < len(p) or p[token] <= 0:
+        return math.inf
+    worst = 0.0
+    if sp.top_k is not None and sp.top_k < len(p):
+        kth = np.sort(p)[-sp.top_k]
+        worst = max(worst, (kth - p[token]) / kth)
+        p = np.where((p >= kth) | (np.arange(len(p)) == token), p, 0.0)
+        p /= p.sum()
+    if sp.top_p is not None and sp.top_p < 1.0:
+        above = p[p > p[token]].sum()  # the crossing token is kept: it survives while above < top_p
+        worst = max(worst, (above - sp.top_p) / sp.top_p)
+        order = np.argsort(-p, kind="stable")
+        keep = order[: int(np.searchsorted(np.cumsum(p[order]), sp.top_p - 1e-12, side="left")) + 1]
+        mask = np.zeros(len(p), dtype=bool)
+        mask[keep] = True
+        mask[token] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    if sp.min_p is not None and sp.min_p > 0.0:
+        thr = sp.min_p * p.max()
+        worst = max(worst, (thr - p[token]) / thr)
+    return max(worst, 0.0)
+
+
 def _ranked(tokens: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rank of each token under its own p (descending, ties by lower token id)
     and each p sorted in that order."""

@@ -20,6 +20,7 @@ from mtpcheck.contracts import (
     TokenEvent,
 )
 from mtpcheck.contracts.models import history_digest
+from mtpcheck.laws.stats import filter_margin
 
 LAW_ATOL = 1e-9  # traced laws are float64; recomputation differs only by rounding
 
@@ -435,12 +436,32 @@ def traced_uniform(res: GenerationResult, prompt_len: int, index: int) -> float 
 # -- observations for the statistical clauses --------------------------------
 
 
-def observations(backend, prompt: list[int], results: list[GenerationResult], sp: SamplingParams):
-    """(token, processed target law) for every emitted token of every result."""
+def observations(backend, prompt: list[int], results: list[GenerationResult], sp: SamplingParams,
+                 boundary_tolerance: float = 0.0, excused: list | None = None):
+    """(token, processed target law) for every emitted token of every result.
+
+    With boundary_tolerance > 0 (Capabilities.filter_boundary_tolerance), a
+    token of target probability 0 that the backend's own temperature-only law
+    puts within that relative distance of surviving the filters is a float
+    flip of the filter decision, not a lossy sampler: it is left out and
+    appended to `excused` (position, token, margin)."""
     obs = []
     for res in results:
         laws = backend.target_distributions(prompt, res.tokens, sp)
-        obs += list(zip(res.tokens, laws, strict=True))
+        pairs = list(zip(res.tokens, laws, strict=True))
+        zeros = [i for i, (t, law) in enumerate(pairs) if not 0 <= t < len(law) or law[t] <= 0]
+        if boundary_tolerance > 0 and zeros and sp.temperature > 0:
+            raw = backend.target_distributions(prompt, res.tokens, sp.model_copy(
+                update={"top_k": None, "top_p": None, "min_p": None}))
+            flips = {}
+            for i in zeros:
+                margin = filter_margin(np.asarray(raw[i]), int(pairs[i][0]), sp)
+                if margin <= boundary_tolerance:
+                    flips[i] = margin
+            if excused is not None:
+                excused += [{"position": i, "token": int(pairs[i][0]), "margin": m} for i, m in flips.items()]
+            pairs = [pair for i, pair in enumerate(pairs) if i not in flips]
+        obs += pairs
     return obs
 
 
