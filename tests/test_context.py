@@ -183,3 +183,22 @@ def test_only_the_first_speculative_position_is_grouped():
     assert fetched == [(7,)]
     two = ctx.context_draws(laws, draws, 1, positions=2)
     assert sorted(d.label for d in two["a"]) == ["a + [7, 0]", "a + [7, 1]", "a + [7]"]
+
+
+def test_an_excused_token_leaves_its_context_and_others_still_fail():
+    """DIST-CONTEXT applies DIST-ZERO's boundary excuse: an accepted
+    zero-probability token is dropped from its context, a refused one still
+    fails the test at once."""
+    res = [SimpleNamespace(tokens=[7, t]) for t in [0] * 10 + [1] * 10 + [2]]
+    draws = [("a", [0], r) for r in res]
+
+    def laws(prompt, cont):
+        rows = np.zeros((len(cont), 3))
+        rows[:, :2] = 0.5  # token 2 has probability 0
+        return rows
+
+    kept = ctx.context_draws(laws, draws, 1, excuse=lambda prompt, prefix, tok: tok == 2)
+    assert len(kept["a"][0].tokens) == 20 and 2 not in kept["a"][0].tokens
+    refused = ctx.context_draws(laws, draws, 1, excuse=lambda prompt, prefix, tok: False)
+    r = context_gtest(refused["a"], alpha=1e-6)
+    assert not r.passed and r.p_value == 0.0

@@ -58,7 +58,8 @@ def draw(backend, caps: Capabilities, prompts: dict[str, list[int]], per_prompt:
 
 
 def context_draws(laws: Callable[[list[int], list[int]], np.ndarray], draws: Sequence[Draw], first: int,
-                  min_visits: int = 10, positions: int = 1) -> dict[str, list[ContextDraws]]:
+                  min_visits: int = 10, positions: int = 1,
+                  excuse: Callable[[list[int], list[int], int], bool] | None = None) -> dict[str, list[ContextDraws]]:
     """Group emitted tokens by context (prompt + emitted prefix) at output
     positions first .. first + positions - 1; per prompt name, one
     ContextDraws per context reached at least `min_visits` times (rarer ones
@@ -66,7 +67,9 @@ def context_draws(laws: Callable[[list[int], list[int]], np.ndarray], draws: Seq
     not fetched). The default, the first speculative position alone, is
     where a short request's proposal is verified: the token after it is a
     bonus or a plain draw, which adds degrees of freedom and no signal for an
-    acceptance bug (it halved power on the reference fixture; docs/statistics.md)."""
+    acceptance bug (docs/statistics.md, 'Targeted contexts'). `excuse(prompt,
+    prefix, token)`: a token of target probability 0 it accepts (a float flip
+    of a filter decision) is left out."""
     seen: dict[tuple, list[int]] = defaultdict(list)
     names: dict[tuple, str] = {}
     for name, prompt, res in draws:
@@ -78,9 +81,13 @@ def context_draws(laws: Callable[[list[int], list[int]], np.ndarray], draws: Seq
     for (prompt, prefix), toks in seen.items():
         if len(toks) < min_visits:
             continue
-        law = np.asarray(laws(list(prompt), [*prefix, toks[0]]), dtype=np.float64)
+        law = np.asarray(laws(list(prompt), [*prefix, toks[0]]), dtype=np.float64)[len(prefix)]
+        if excuse is not None:
+            flips = {t for t in set(toks) if (not 0 <= t < len(law) or law[t] <= 0)
+                     and excuse(list(prompt), list(prefix), t)}
+            toks = [t for t in toks if t not in flips]
         label = f"{names[(prompt, prefix)]} + {list(prefix)}"
-        out[names[(prompt, prefix)]].append(ContextDraws(label, np.asarray(toks, dtype=np.int64), law[len(prefix)]))
+        out[names[(prompt, prefix)]].append(ContextDraws(label, np.asarray(toks, dtype=np.int64), law))
     return dict(out)
 
 
@@ -119,13 +126,14 @@ class Staged:
 
 def staged_test(sample: Callable[[dict[str, int]], list[Draw]], laws: Callable[[list[int], list[int]], np.ndarray],
                 prompts: Sequence[str], first: int, pilot: int, runs: int, alpha: float, *, targets: int = 2,
-                escalate: int = 2, suspicious: float = 1e-3, pilot_min_expected: float = 5.0) -> Staged:
+                escalate: int = 2, suspicious: float = 1e-3, pilot_min_expected: float = 5.0,
+                excuse: Callable[[list[int], list[int], int], bool] | None = None) -> Staged:
     """Pilot, targeted stage and escalation, each tested at `alpha` (the
     caller gives each a third of its share). `sample(per_prompt)` draws fresh
     short requests; `laws(prompt, continuation)` is target_distributions."""
 
     def test(draws):
-        groups = context_draws(laws, draws, first)
+        groups = context_draws(laws, draws, first, excuse=excuse)
         return groups, context_gtest([d for ds in groups.values() for d in ds], alpha=alpha)
 
     out = Staged()

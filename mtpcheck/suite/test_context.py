@@ -4,8 +4,10 @@ on the prompts where the pilot's statistic stood out (mtpcheck/machinery/context
 
 import itertools
 
+import numpy as np
 import pytest
 
+from mtpcheck.laws.stats import filter_margin
 from mtpcheck.machinery import contexts as ctx
 
 from ._util import CONTEXT_CONFIGS, DIST_ALPHA, DIST_CONFIGS, spec_for
@@ -33,13 +35,29 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
                                                         mtp_seed, mtp_record, config):
     caps, sp, prof = mtp_capabilities, DIST_CONFIGS[config], mtp_profile
     spec, seeds = spec_for(caps), _seeds(mtp_seed, config)
+    excused = []
+
+    def excuse(prompt, prefix, token):
+        """A float flip of the filter decision (Capabilities.filter_boundary_tolerance; DIST-ZERO's rule)."""
+        if not caps.filter_boundary_tolerance:
+            return False
+        raw = mtp_backend.target_distributions(prompt, [*prefix, token], sp.model_copy(
+            update={"top_k": None, "top_p": None, "min_p": None}))[len(prefix)]
+        margin = filter_margin(np.asarray(raw), token, sp)
+        if margin <= caps.filter_boundary_tolerance:
+            excused.append({"prefix": list(prefix), "token": token, "margin": margin})
+            return True
+        return False
+
     out = ctx.staged_test(
         lambda per_prompt: ctx.draw(mtp_backend, caps, mtp_fixture, per_prompt, sp, spec, seeds),
         lambda prompt, cont: mtp_backend.target_distributions(prompt, cont, sp),
         list(mtp_fixture), ctx.lead(caps), prof.context_pilot, prof.context_runs, STAGE_ALPHA,
-        targets=TARGETS, escalate=ESCALATE, suspicious=SUSPICIOUS, pilot_min_expected=PILOT_MIN_EXPECTED)
+        targets=TARGETS, escalate=ESCALATE, suspicious=SUSPICIOUS, pilot_min_expected=PILOT_MIN_EXPECTED,
+        excuse=excuse)
     mtp_record(config=config, stages=out.stages, pilot_scores=out.scores, pilot_acceptance=out.acceptance,
-               targets=out.targets, sampled_through="generate_batch" if caps.generate_batch else "generate")
+               targets=out.targets, sampled_through="generate_batch" if caps.generate_batch else "generate",
+               boundary_flips_excused=excused)
     if not out.used:
         pytest.skip("speculation was not used for this configuration's short requests (see REPORT-HONEST)")
     if out.failed:
