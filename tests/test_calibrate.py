@@ -49,3 +49,23 @@ def test_the_report_says_so():
                              "backend": "mlx"})
     assert "| DIST-EQUIV rank G-test | DIST-EQUIV | 80 | 80 | 1.000 |" in text and "**no**" in text
     assert "shipped fixture" in text
+
+
+def test_a_rerun_after_a_fix_replaces_its_run_and_the_page_says_so(tmp_path):
+    import json
+
+    from mtpcheck.measurement.calibrate import main
+
+    rng = np.random.default_rng(4)
+    runs = [_run(rng, s) for s in range(3)]
+    runs[1]["clauses"]["DIST-EQUIV"] = {"outcome": "failed", "notes": ["AssertionError: zero"]}
+    again = _run(rng, 1)
+    meta = {"wall_s": 10.0, "generations": 20}
+    (tmp_path / "all.json").write_text(json.dumps({"meta": meta, "suite": runs, "null": []}))
+    (tmp_path / "again.json").write_text(json.dumps({"meta": meta, "suite": [again], "null": []}))
+    out = tmp_path / "cal.md"
+    code = main(["--skip-suite", "--skip-null", "--reuse", str(tmp_path / "all.json"), "--replace",
+                 str(tmp_path / "again.json"), "--replaced-why", "The fix.", "--out", str(out)])
+    text = out.read_text()
+    assert code == 0 and "**0 clause failures" in text
+    assert "1 runs were rerun after a fix" in text and "seed 1 (had failed DIST-EQUIV)" in text and "The fix." in text

@@ -241,6 +241,10 @@ def render(suite_runs: list[dict], null_runs: list[dict], meta: dict) -> str:
                          f"{sum(r['seconds'] for r in rs) / len(rs):.0f} |")
         if failures:
             lines += ["", "Failures: " + "; ".join(f"{c} seed {s}: {cl}" for c, s, cl in failures[:30])]
+        if meta.get("replaced"):
+            lines += ["", f"**{len(meta['replaced'])} runs were rerun after a fix and stand here as rerun**: "
+                      + "; ".join(f"{r['config']} seed {r['seed']} (had failed {', '.join(r['failed']) or 'nothing'})"
+                                  for r in meta["replaced"]) + ". " + meta.get("replaced_why", "")]
         # evidence: how far from their thresholds the correct backends stayed
         dist = [e for r in suite_runs for e in r["evidence"].get("DIST-EQUIV", [])]
         if dist:
@@ -329,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="append", default=[], metavar="JSON",
                    help="runs from an earlier --json (or its .runs.jsonl) to include (repeatable); a --json's wall "
                         "time is added")
+    p.add_argument("--replace", action="append", default=[], metavar="JSON",
+                   help="runs from a --json rerun after a fix: each replaces the run of the same config and seed, "
+                        "and the page lists what the replaced run had failed (repeatable)")
+    p.add_argument("--replaced-why", default="", help="one sentence on the fix, for the page")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     known = BACKEND_CONFIGS[args.backend]
@@ -358,8 +366,22 @@ def main(argv: list[str] | None = None) -> int:
         suite_runs, null_runs = old["suite"] + suite_runs, old["null"] + null_runs
         earlier += old["meta"]["wall_s"]
         args.generations = old["meta"]["generations"] if old["null"] else args.generations
+    replaced = []
+    for path in args.replace:  # runs rerun after a fix stand in for the same (config, seed), and the page says so
+        new = {(r["config"], r["seed"]): r for r in json.loads(Path(path).read_text())["suite"]}
+        for i, r in enumerate(suite_runs):
+            if (r["config"], r["seed"]) in new:
+                again = new[(r["config"], r["seed"])]
+                # the same clauses as the run it replaces (a first-seed rerun also ran the seed-free ones)
+                again = {**again, "clauses": {c: x for c, x in again["clauses"].items() if c in r["clauses"]},
+                         "evidence": {c: x for c, x in again["evidence"].items() if c in r["clauses"]}}
+                replaced.append({"config": r["config"], "seed": r["seed"],
+                                 "failed": [c for c, x in r["clauses"].items() if x["outcome"] in ("failed", "error")]})
+                suite_runs[i] = again
+        earlier += json.loads(Path(path).read_text())["meta"]["wall_s"]
     meta = {"cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0 + earlier, "generations": args.generations,
-            "seed_free_once": not args.every_seed, "clauses": clauses, "backend": args.backend}
+            "seed_free_once": not args.every_seed, "clauses": clauses, "backend": args.backend,
+            "replaced": replaced, "replaced_why": args.replaced_why}
     Path(args.out).write_text(render(suite_runs, null_runs, meta))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "suite": suite_runs, "null": null_runs}, indent=1) + "\n")
