@@ -76,8 +76,9 @@ class ExactContexts:
     """The exact laws of one prompt's short requests under one sampling
     configuration: p0, and per traced prefill token t, p_t and pi_t."""
 
-    def __init__(self, backend, prompt: list[int], sp, spec: dict, rule, laws, proposal_law=None):
-        """proposal_law(reported law, sp): the law the proposal was drawn from,
+    def __init__(self, backend, prompt: list[int], sp, spec: dict, rule, laws, max_tokens: int, proposal_law=None):
+        """max_tokens: a short request's (contexts.short_max_tokens).
+        proposal_law(reported law, sp): the law the proposal was drawn from,
         where the backend's bug makes it differ from the law it reports
         (PROPOSAL_LAW); by default the reported law itself."""
         from mtpcheck.contracts import GenerationRequest
@@ -93,7 +94,8 @@ class ExactContexts:
         for t in (int(x) for x in keep if self.p0[x] > 0):
             while sample(self.p0, uniform(seed, STREAM_TARGET, len(prompt))) != t:
                 seed += 1
-            res = backend.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=3, trace=True,  # lead + 2 speculation=spec,
+            res = backend.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens, trace=True,
+                                                     speculation=spec,
                                                      sampling=sp.model_copy(update={"seed": seed})))
             seed += 1
             if res.tokens[:1] != [t] or not res.trace or not res.trace[0].proposals:
@@ -172,12 +174,12 @@ def measure(mutant: str, base: str, config: str, reps: int, profiles=("ci", "dev
             cache[key] = np.asarray(correct.target_distributions(prompt, cont, sp), dtype=np.float64)
         return cache[key]
 
-    t0 = time.time()
     prompts = fixture_prompts(correct)
     rule = get_rule(caps.acceptance_rule)
     if not caps.first_token_from_prefill:
         raise ValueError(f"{base}: the simulator assumes the first token comes from the prefill (lead 1)")
-    exact = {k: ExactContexts(broken, p, sp, spec_for(caps), rule, laws, PROPOSAL_LAW.get(mutant))
+    exact = {k: ExactContexts(broken, p, sp, spec_for(caps), rule, laws, ctx.short_max_tokens(caps),
+                              PROPOSAL_LAW.get(mutant))
              for k, p in prompts.items()}
     by_prompt = {k: e.tv() for k, e in exact.items()}
     mean_tv = sum(a for a, _ in by_prompt.values()) / len(by_prompt)  # over prompts (the pilot gives each the same share)
@@ -190,7 +192,7 @@ def measure(mutant: str, base: str, config: str, reps: int, profiles=("ci", "dev
             cells[prof, s] = simulate(exact, prompts, laws, ctx.lead(caps), P.context_pilot, P.context_runs,
                                       STAGE_ALPHA, s, reps, seed=zlib.crc32(f"{prof} {s} {config}".encode()))
     return {"mutant": mutant, "base": base, "config": config, "tv_by_prompt": by_prompt, "mean_tv": mean_tv,
-            "cells": cells, "alpha": STAGE_ALPHA, "wall_s": time.time() - t0}
+            "cells": cells, "alpha": STAGE_ALPHA}
 
 
 def render(results: list[dict], meta: dict) -> str:
@@ -241,8 +243,6 @@ def render(results: list[dict], meta: dict) -> str:
               "Per prompt, the mutant's own bias (p0-weighted mean / max per-context TV): "
               + "; ".join(f"{r['config']}: " + ", ".join(f"{k} {a:.3f}/{b:.3f}" for k, (a, b) in r["tv_by_prompt"].items())
                           for r in results) + "."]
-    if meta.get("summary"):
-        lines += ["", meta["summary"]]
     lines += ["", END]
     return "\n".join(lines)
 
