@@ -436,32 +436,36 @@ def traced_uniform(res: GenerationResult, prompt_len: int, index: int) -> float 
 # -- observations for the statistical clauses --------------------------------
 
 
+def boundary_flips(backend, prompt: list[int], tokens: list[int], positions: list[int], sp: SamplingParams,
+                   tolerance: float) -> dict[int, float]:
+    """Of `positions` (tokens of target probability 0), those where the token
+    can be a float flip of a filter decision (Capabilities.filter_boundary_tolerance):
+    the backend's own law at temperature only puts it within `tolerance`
+    (relative) of surviving the filters. position -> margin."""
+    if tolerance <= 0 or not positions or sp.temperature <= 0:
+        return {}
+    raw = backend.target_distributions(prompt, tokens, sp.model_copy(update={"top_k": None, "top_p": None,
+                                                                             "min_p": None}))
+    margins = {i: filter_margin(np.asarray(raw[i]), int(tokens[i]), sp) for i in positions}
+    return {i: m for i, m in margins.items() if m <= tolerance}
+
+
 def observations(backend, prompt: list[int], results: list[GenerationResult], sp: SamplingParams,
                  boundary_tolerance: float = 0.0, excused: list | None = None):
     """(token, processed target law) for every emitted token of every result.
 
-    With boundary_tolerance > 0 (Capabilities.filter_boundary_tolerance), a
-    token of target probability 0 that the backend's own temperature-only law
-    puts within that relative distance of surviving the filters is a float
-    flip of the filter decision, not a lossy sampler: it is left out and
-    appended to `excused` (position, token, margin)."""
+    With boundary_tolerance > 0, a token of target probability 0 at a float
+    flip of a filter decision (`boundary_flips`) is not a lossy sampler: it
+    is left out and appended to `excused` (position, token, margin)."""
     obs = []
     for res in results:
         laws = backend.target_distributions(prompt, res.tokens, sp)
         pairs = list(zip(res.tokens, laws, strict=True))
         zeros = [i for i, (t, law) in enumerate(pairs) if not 0 <= t < len(law) or law[t] <= 0]
-        if boundary_tolerance > 0 and zeros and sp.temperature > 0:
-            raw = backend.target_distributions(prompt, res.tokens, sp.model_copy(
-                update={"top_k": None, "top_p": None, "min_p": None}))
-            flips = {}
-            for i in zeros:
-                margin = filter_margin(np.asarray(raw[i]), int(pairs[i][0]), sp)
-                if margin <= boundary_tolerance:
-                    flips[i] = margin
-            if excused is not None:
-                excused += [{"position": i, "token": int(pairs[i][0]), "margin": m} for i, m in flips.items()]
-            pairs = [pair for i, pair in enumerate(pairs) if i not in flips]
-        obs += pairs
+        flips = boundary_flips(backend, prompt, res.tokens, zeros, sp, boundary_tolerance)
+        if excused is not None:
+            excused += [{"position": i, "token": int(res.tokens[i]), "margin": m} for i, m in flips.items()]
+        obs += [pair for i, pair in enumerate(pairs) if i not in flips]
     return obs
 
 

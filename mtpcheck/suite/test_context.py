@@ -4,11 +4,10 @@ on the prompts where the pilot's statistic stood out (mtpcheck/machinery/context
 
 import itertools
 
-import numpy as np
 import pytest
 
-from mtpcheck.laws.stats import filter_margin
 from mtpcheck.machinery import contexts as ctx
+from mtpcheck.machinery.checks import boundary_flips
 
 from ._util import CONTEXT_CONFIGS, DIST_ALPHA, DIST_CONFIGS, spec_for
 from .test_distribution import SUSPICIOUS
@@ -38,16 +37,10 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
     excused = []
 
     def excuse(prompt, prefix, token):
-        """A float flip of the filter decision (Capabilities.filter_boundary_tolerance; DIST-ZERO's rule)."""
-        if not caps.filter_boundary_tolerance:
-            return False
-        raw = mtp_backend.target_distributions(prompt, [*prefix, token], sp.model_copy(
-            update={"top_k": None, "top_p": None, "min_p": None}))[len(prefix)]
-        margin = filter_margin(np.asarray(raw), token, sp)
-        if margin <= caps.filter_boundary_tolerance:
-            excused.append({"prefix": list(prefix), "token": token, "margin": margin})
-            return True
-        return False
+        """A float flip of the filter decision: DIST-ZERO's rule (checks.boundary_flips)."""
+        flips = boundary_flips(mtp_backend, prompt, [*prefix, token], [len(prefix)], sp, caps.filter_boundary_tolerance)
+        excused.extend({"prefix": list(prefix), "token": token, "margin": m} for m in flips.values())
+        return bool(flips)
 
     out = ctx.staged_test(
         lambda per_prompt: ctx.draw(mtp_backend, caps, mtp_fixture, per_prompt, sp, spec, seeds),
