@@ -181,6 +181,8 @@ def test_syrupy_end_to_end_update_diff_and_unused(pytester, monkeypatch, tmp_pat
     """Update writes golden/<backend>/; timings do not matter; a changed token
     fails naming its position; an unused entry fails the run, except the
     entries of a skipped backend; update deletes the unused entry."""
+    # subprocess runs: syrupy 7 keeps its session in a module global, so a second
+    # in-process run in one interpreter reported no unused snapshot and passed
     root = tmp_path / "golden"
     monkeypatch.setenv("GOLDEN_ROOT", str(root))
     pytester.makepyfile(test_gold=FAKE_TESTS)
@@ -188,17 +190,17 @@ def test_syrupy_end_to_end_update_diff_and_unused(pytester, monkeypatch, tmp_pat
     other.parent.mkdir(parents=True)
     other.write_text("# serializer version: 1\n# name: test_golden_other\n  {}\n# ---\n")
 
-    created = pytester.runpytest_inprocess(*QUIET, "--snapshot-update")
+    created = pytester.runpytest_subprocess(*QUIET, "--snapshot-update")
     assert created.ret == 0, created.stdout.str()
     stored = root / "fake" / "test_gold.ambr"
     assert "# name: test_golden_fake[a]" in stored.read_text()
     assert "draft_time_s" not in stored.read_text()
 
-    again = pytester.runpytest_inprocess(*QUIET)
+    again = pytester.runpytest_subprocess(*QUIET)
     assert again.ret == 0, again.stdout.str()  # other timings, same golden; 'other' left alone
 
     monkeypatch.setenv("FAKE_TOKENS", "1,2,3,4,5,9,7,8")
-    changed = pytester.runpytest_inprocess(*QUIET)
+    changed = pytester.runpytest_subprocess(*QUIET)
     assert changed.ret == 1
     assert "first divergent position 5" in changed.stdout.str()
     monkeypatch.delenv("FAKE_TOKENS")
@@ -206,11 +208,11 @@ def test_syrupy_end_to_end_update_diff_and_unused(pytester, monkeypatch, tmp_pat
     text = stored.read_text()
     entry = text[text.index("# name: test_golden_fake[b]"):]
     stored.write_text(text + entry.replace("test_golden_fake[b]", "test_golden_fake[c]"))
-    stale = pytester.runpytest_inprocess(*QUIET)
+    stale = pytester.runpytest_subprocess(*QUIET)
     assert stale.ret == 1, stale.stdout.str()
     assert "1 snapshot unused" in stale.stdout.str()
 
-    cleaned = pytester.runpytest_inprocess(*QUIET, "--snapshot-update")
+    cleaned = pytester.runpytest_subprocess(*QUIET, "--snapshot-update")
     assert cleaned.ret == 0
     assert "test_golden_fake[c]" not in stored.read_text()
     assert other.exists() and "test_golden_other" in other.read_text()

@@ -29,7 +29,7 @@ def test_the_toy_refuses_before_any_forward():
 
     backend = load_toy(context="16")
     assert backend.capabilities().context_length == 16
-    long = GenerationRequest(prompt_tokens=[3] * 17, max_tokens=4)
+    long = GenerationRequest(prompt_tokens=[3] * 17, max_tokens=4, stop_token_ids=[])  # no EOS: the random toy may draw it
     t = time.perf_counter()
     with pytest.raises(PromptTooLongError):
         backend.generate(long)
