@@ -16,12 +16,15 @@ import pytest
 from mtpcheck.machinery.report import (
     CLAUSE_PROPERTY,
     EVIDENCE_PROPERTY,
+    XFAIL_SECTION,
     RunRecorder,
+    is_clause_failure,
     match_lines,
     to_plain,
 )
 
 STASH_BACKEND = pytest.StashKey[object]()
+STASH_XFAIL_LINE = pytest.StashKey[str]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
 # loading a real checkpoint takes minutes where one call takes seconds: the
@@ -43,6 +46,8 @@ def pytest_addoption(parser):
                     help="timeout of the backend factory in seconds (0: none; default: the larger of --mtp-timeout"
                          f" and {LOAD_TIMEOUT:g})")
     group.addoption("--mtp-xfails-file", default=None, help="node-id prefixes or clause ids to xfail, '#' comments")
+    group.addoption("--mtp-xfails-strict", action="store_true", default=False,
+                    help="an xfails line whose test passes fails the run (XPASS(strict)), as in array-api-tests' CI use")
     group.addoption("--mtp-skips-file", default=None, help="node-id prefixes or clause ids to skip, '#' comments")
     group.addoption("--mtp-json", default=None, metavar="PATH", help="write a machine-readable report")
     group.addoption("--mtp-markdown", default=None, metavar="PATH",
@@ -118,6 +123,10 @@ def pytest_configure(config):
     if seed is None:  # xdist workers take the controller's seed ('random' is drawn once)
         seed = config.workerinput["mtpcheck_seed"]
     recorder = RunRecorder(backend=name, options=options, profile=config.getoption("--mtp-profile"), seed=seed)
+    if config.getoption("--mtp-json") and not _is_worker(config):
+        from pathlib import Path
+
+        recorder.sink = Path(config.getoption("--mtp-json"))
     config.stash[STASH_RECORDER] = recorder
     config.stash[STASH_SETTINGS] = {"timeout": timeout, "load_timeout": load_timeout, "id_files": id_files}
     config.pluginmanager.register(recorder, "mtpcheck-recorder")  # receives pytest_runtest_logreport
@@ -129,6 +138,15 @@ def pytest_configure(config):
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     node.workerinput["mtpcheck_seed"] = node.config.stash[STASH_RECORDER].seed
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """A worker died in native code: its test is named crashed; xdist starts a
+    fresh worker (a fresh backend process) for the rest of the run."""
+    rec = report.node.config.stash.get(STASH_RECORDER, None) if hasattr(report, "node") else None
+    if rec is not None:
+        rec.note_crash(crashitem)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -170,6 +188,22 @@ def pytest_collection_modifyitems(session, config, items):
     suite_items = [i for i in items if _clause_ids(i)]
     if not suite_items:
         return
+    # the files first, over every suite test: a line naming a test that --mtp-clauses
+    # then deselects is not a stale line
+    strict = config.getoption("--mtp-xfails-strict")
+    for option, marker in (("--mtp-skips-file", "skip"), ("--mtp-xfails-file", "xfail")):
+        entries = config.stash[STASH_SETTINGS]["id_files"][option]
+        if not entries:
+            continue
+        unmatched = match_lines(entries, suite_items, _clause_ids)
+        for item, line, reason in unmatched.pop("__matches__"):
+            if marker == "skip":
+                item.add_marker(pytest.mark.skip(reason=reason))
+            else:
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
+                item.stash[STASH_XFAIL_LINE] = line
+        for line in unmatched["__unused__"]:
+            warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")
     if wanted:
         ids = {w.strip() for w in wanted.split(",") if w.strip()}
@@ -179,16 +213,6 @@ def pytest_collection_modifyitems(session, config, items):
         suite_items = keep
     for item in suite_items:  # plain strings: JUnit XML shows <property name="clause" value="DIST-EQUIV"/>
         item.user_properties.extend((CLAUSE_PROPERTY, cid) for cid in _clause_ids(item))
-    for option, marker in (("--mtp-skips-file", "skip"), ("--mtp-xfails-file", "xfail")):
-        entries = config.stash[STASH_SETTINGS]["id_files"][option]
-        if not entries:
-            continue
-        unmatched = match_lines(entries, suite_items, _clause_ids)
-        for item, reason in unmatched.pop("__matches__"):
-            mark = pytest.mark.skip(reason=reason) if marker == "skip" else pytest.mark.xfail(reason=reason, strict=False)
-            item.add_marker(mark)
-        for line in unmatched["__unused__"]:
-            warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
 
 
 def pytest_collection_finish(session):
@@ -206,6 +230,25 @@ def pytest_collection_finish(session):
     if tr:
         for line in rec.header_lines():
             tr.write_line(line)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """An xfails line documents a failure of its clause's check: a test that
+    raised anything else (the backend raised, hung, returned garbage) is
+    reported as what it is, and the line is named as not covering it."""
+    outcome = yield
+    line = item.stash.get(STASH_XFAIL_LINE, None)
+    rep = outcome.get_result()
+    if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
+        return
+    exc = call.excinfo.value
+    if is_clause_failure(exc):
+        return
+    rep.outcome = "failed"
+    del rep.wasxfail
+    rep.sections.append((XFAIL_SECTION, f"not the documented deviation: xfails line {line!r} covers a failure of "
+                                        f"the clause's check, this test raised {type(exc).__name__}:"))
 
 
 def pytest_runtest_setup(item):

@@ -196,7 +196,7 @@ def test_a_full_run_is_complete(tree):
     result, data = run(tree, BACKEND, "test_down.py")
     assert result.ret == 0 and data["complete"] and data["incomplete_reasons"] == [] and data["exit_status"] == 0
     assert data["not_run"] == {"clauses": {}, "tests": []}
-    assert data["schema_version"] == 1 and data["seed"] == 1234 and data["profile"] == "ci"
+    assert data["schema_version"] == 2 and data["seed"] == 1234 and data["profile"] == "ci"
     assert data["versions"]["mtpcheck"] and data["versions"]["python"]
 
 

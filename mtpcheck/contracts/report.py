@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Capabilities
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
-Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error"]
+Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error",
+                 "crashed", "unfinished"]
 
 
 # -- the report's models (the published schema) ---------------------------------
@@ -55,7 +56,7 @@ class NotRun(_Model):
 class RunReport(_Model):
     """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
     incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
     exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")
@@ -68,6 +69,12 @@ class RunReport(_Model):
     not_run: NotRun
     tests: dict[str, TestRecord]
     summary: dict[str, int] = Field(description="clauses per outcome")
+    running: list[str] = Field(default_factory=list, description=(
+        "tests running when this file was written: set only in the provisional report written before each "
+        "test (reason 'unfinished'); a file left like that means the process died in them"))
+    crashed: list[str] = Field(default_factory=list, description=(
+        "tests whose process died under them (an xdist worker crash; reason 'crashed'): no verdict, "
+        "the rest of the run went on in a fresh worker"))
 
 
 REPORT_MODELS = {"RunReport": RunReport}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -95,25 +96,67 @@ def read_id_file(path: str | Path) -> list[tuple[str, str]]:
     return entries
 
 
-def _candidates(nodeid: str) -> list[str]:
-    """A node id as written in this repo, installed (site-packages/...) and bare."""
-    out = [nodeid]
-    if "mtpcheck/suite/" in nodeid:
-        out.append(nodeid[nodeid.index("mtpcheck/suite/") :])
-    out.append(nodeid.rsplit("/", 1)[-1])
-    return out
+SUITE_DIR = Path(__file__).parents[1] / "suite"
+SUITE_PREFIX = "mtpcheck/suite/"  # how the shipped files write a suite test's node id
+
+
+def suite_id(nodeid: str, path: str | Path | None = None) -> str:
+    """A node id in the shipped files' form, ``mtpcheck/suite/<module>::<name>``,
+    whatever the rootdir made of it: ``test_report.py::...`` under ``--pyargs``
+    from another folder, ``mtpcheck/suite/...`` in the checkout, a site-packages
+    path for an installed wheel. Tests outside the suite keep their node id."""
+    nodeid = nodeid.replace("\\", "/")
+    if path is not None:
+        try:
+            rel = Path(path).resolve().relative_to(SUITE_DIR.resolve())
+        except ValueError:
+            rel = None
+        if rel is not None:
+            _, sep, rest = nodeid.partition("::")
+            return SUITE_PREFIX + rel.as_posix() + sep + rest
+    return nodeid[nodeid.index(SUITE_PREFIX):] if SUITE_PREFIX in nodeid else nodeid
+
+
+def entry_id(entry: str) -> str:
+    """An xfails/skips line in the same form: ``mtpcheck/suite/x.py::t``,
+    ``.../site-packages/mtpcheck/suite/x.py::t`` and a bare ``x.py::t`` of a
+    suite module name the same tests."""
+    entry = entry.replace("\\", "/")
+    if SUITE_PREFIX in entry:
+        return entry[entry.index(SUITE_PREFIX):]
+    module = entry.split("::", 1)[0]
+    if "/" not in module and module.endswith(".py") and (SUITE_DIR / module).is_file():
+        return SUITE_PREFIX + entry
+    return entry
 
 
 def match_lines(entries, items, clause_ids) -> dict:
-    """Which items each entry selects (by node-id prefix or clause id)."""
+    """Which items each entry selects (by clause id, or by node-id prefix in
+    either the item's own form or the shipped form)."""
     matches, used = [], set()
     for item in items:
+        ids = (item.nodeid, suite_id(item.nodeid, getattr(item, "path", None)))
         for entry, reason in entries:
-            if entry in clause_ids(item) or any(c.startswith(entry) for c in _candidates(item.nodeid)):
-                matches.append((item, reason))
+            if entry in clause_ids(item) or any(i.startswith(p) for i in ids for p in {entry, entry_id(entry)}):
+                matches.append((item, entry, reason))
                 used.add(entry)
                 break
     return {"__matches__": matches, "__unused__": [e for e, _ in entries if e not in used]}
+
+
+def is_clause_failure(exc: BaseException) -> bool:
+    """The clause's own check failed (an assert, pytest.fail, or a group of
+    those from hypothesis) - what an xfails line documents. A backend that
+    raised, hung or returned garbage (BackendError), or any other exception,
+    is not that deviation."""
+    import pytest
+
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_clause_failure(e) for e in exc.exceptions)
+    return isinstance(exc, (AssertionError, pytest.fail.Exception))
+
+
+XFAIL_SECTION = "mtpcheck xfails"  # a report section: the xfails line that did not cover a failure
 
 
 # -- the recorder -------------------------------------------------------------------
@@ -139,7 +182,9 @@ def _message(report) -> str:
         return report.wasxfail
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
-        return _clip((crash.message if crash else str(report.longrepr)).splitlines()[0], 300)
+        text = (crash.message if crash else str(report.longrepr)).splitlines()[0]
+        unmatched = [body for title, body in report.sections if title == XFAIL_SECTION]
+        return _clip((unmatched[0] + " " if unmatched else "") + text, 300)
     return ""
 
 
@@ -185,12 +230,35 @@ class RunRecorder:
     reasons: list = field(default_factory=list)  # why the run is incomplete
     exit_status: int | None = None
     backend_error: str | None = None
+    # the JSON report's path: rewritten (as 'unfinished') before each suite test,
+    # so a process that dies in native code leaves a report naming the test
+    sink: Path | None = None
+    running: dict = field(default_factory=dict)  # node id -> None, in start order
+    crashed: list = field(default_factory=list)  # node ids an xdist worker died under
 
-    # pytest hooks (the recorder is registered as a plugin)
+    # pytest hooks (the recorder is registered as a plugin; under xdist the
+    # controller receives the workers' logstart/logreport/logfinish)
+    def pytest_runtest_logstart(self, nodeid, location):
+        if self.sink is None or (self.collected and nodeid not in self.collected):
+            return
+        self.running[nodeid] = None
+        self.write_json(self.sink, provisional=True)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.running.pop(nodeid, None)
+
+    def note_crash(self, nodeid: str) -> None:
+        """An xdist worker died running `nodeid` (its replacement runs the rest)."""
+        self.running.pop(nodeid, None)
+        if nodeid not in self.crashed:
+            self.crashed.append(nodeid)
+        if "crashed" not in self.reasons:
+            self.reasons.append("crashed")
+
     def pytest_runtest_logreport(self, report):
         clauses = [v for k, v in report.user_properties if k == CLAUSE_PROPERTY]
         evidence = [json.loads(v) for k, v in report.user_properties if k == EVIDENCE_PROPERTY]
-        if not clauses and not evidence and report.nodeid not in self.collected:
+        if not clauses and not evidence and report.nodeid not in self.collected and report.nodeid not in self.crashed:
             return
         entry = self.tests.setdefault(report.nodeid, {"clauses": clauses, "outcome": None,
                                                       "message": "", "duration_s": 0.0, "evidence": []})
@@ -256,7 +324,11 @@ class RunRecorder:
         return bool(self.tests) or bool(self.collected)
 
     def _ran(self) -> dict:
-        return {n: t for n, t in self.tests.items() if t["outcome"] is not None}
+        out = {n: t for n, t in self.tests.items() if t["outcome"] is not None}
+        for nodeid in self.crashed:  # the controller learns a crashed test's clauses from the workers' collection
+            if nodeid in out and not out[nodeid]["clauses"]:
+                out[nodeid]["clauses"] = list(self.collected.get(nodeid, []))
+        return out
 
     def clauses(self) -> dict:
         from mtpcheck.catalogue import load_catalogue
@@ -319,6 +391,9 @@ class RunRecorder:
         lines.append("clauses: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                      + (f", {len(missing) - deselected} not run" if len(missing) > deselected else "")
                      + (f", {deselected} deselected" if deselected else ""))
+        for nodeid in self.crashed:
+            lines.append(f"mtpcheck: CRASHED: the process died in {nodeid} (no verdict); the rest of the run "
+                         "went on in a fresh worker")
         if self.exit_status is not None and not self.complete():
             lines.append(f"mtpcheck: INCOMPLETE run ({', '.join(self.reasons) or 'tests not run'}): "
                          "the report says complete: false")
@@ -330,7 +405,9 @@ class RunRecorder:
             counts[row["outcome"]] += 1
         return counts
 
-    def report(self) -> RunReport:
+    def report(self, provisional: bool = False) -> RunReport:
+        """The run's report; `provisional`: the one written before each test,
+        which reads complete: false (reason 'unfinished') and names the running tests."""
         from importlib.metadata import PackageNotFoundError, version
 
         def ver(name):
@@ -340,9 +417,9 @@ class RunRecorder:
                 return None
 
         return RunReport.model_validate({
-            "complete": self.complete(),
-            "incomplete_reasons": list(self.reasons),
-            "exit_status": self.exit_status if self.exit_status is not None else -1,
+            "complete": self.complete() and not provisional,
+            "incomplete_reasons": list(self.reasons) + (["unfinished"] if provisional else []),
+            "exit_status": self.exit_status if self.exit_status is not None and not provisional else -1,
             "backend": {"name": self.backend, "options": self.options, "capabilities": self.capabilities},
             "versions": {n: ver(n) for n in ("mtpcheck", "mlx", "numpy", "pytest", "hypothesis", "mlx-lm", "mlx-vlm")}
             | {"python": platform.python_version()},
@@ -353,14 +430,21 @@ class RunRecorder:
             "not_run": self.not_run(),
             "tests": self._ran(),
             "summary": self.summary(),
+            "running": list(self.running) if provisional else [],
+            "crashed": list(self.crashed),
         })
 
     def as_dict(self) -> dict:
         return self.report().model_dump(mode="json")
 
-    def write_json(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(self.report().model_dump_json(indent=2) + "\n")
+    def write_json(self, path: str | Path, provisional: bool = False) -> None:
+        """Write the report whole or not at all (a temporary file renamed over
+        it): a reader never sees half a file, a killed run leaves the last one."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.report(provisional).model_dump_json(indent=2) + "\n")
+        os.replace(tmp, path)
 
     def markdown(self) -> str:
         """The clause table with the evidence summary, for a pull request."""
