@@ -130,7 +130,7 @@ def test_a_depth_fixed_at_launch_is_honoured_not_failed():
     """Capabilities.depths (vLLM, SGLang, one speculative server): requests use
     a depth the backend serves; a clause that needs another depth skips, naming it."""
     from mtpcheck.contracts import Capabilities
-    from mtpcheck.suite._util import skip_unless_depth, spec_for
+    from mtpcheck.machinery.configs import skip_unless_depth, spec_for
 
     caps = Capabilities(name="fixed", version="0", vocab_size=8, mtp_kinds=["assistant"], max_depth=5, depths=[3, 5])
     assert [spec_for(caps, d)["num_draft_tokens"] for d in (None, 1, 3, 4, 5, 8)] == [3, 3, 3, 3, 5, 5]

@@ -149,18 +149,19 @@ def test_a_suspicious_targeted_p_value_escalates(monkeypatch):
 
 def test_the_suite_budget_holds_with_the_context_stages():
     from mtpcheck.laws.stats import SUITE_ALPHA
-    from mtpcheck.suite._util import (
+    from mtpcheck.machinery.configs import (
         CONTEXT_CONFIGS,
+        CONTEXT_STAGE_ALPHA,
         DIST_ALPHA,
+        DIST_STAGE1,
+        DIST_STAGE2,
         INDEPENDENCE_ALPHA,
         INDEPENDENCE_TESTS,
     )
-    from mtpcheck.suite.test_context import STAGE_ALPHA
-    from mtpcheck.suite.test_distribution import STAGE1, STAGE2
 
-    total = (INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + 6 * 2 * (STAGE1 + STAGE2)
-             + len(CONTEXT_CONFIGS) * 3 * STAGE_ALPHA)
-    assert STAGE_ALPHA * 3 == pytest.approx(DIST_ALPHA)
+    total = (INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + 6 * 2 * (DIST_STAGE1 + DIST_STAGE2)
+             + len(CONTEXT_CONFIGS) * 3 * CONTEXT_STAGE_ALPHA)
+    assert CONTEXT_STAGE_ALPHA * 3 == pytest.approx(DIST_ALPHA)
     assert total <= SUITE_ALPHA * (1 + 1e-12)
 
 

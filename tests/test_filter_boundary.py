@@ -63,8 +63,8 @@ def test_the_calibration_failure_on_the_reference_is_a_boundary_flip():
     """The calibration's failing run (exact_match, min-p, --mtp-seed 36,
     generation 37): token 449 at position 12, 1.5e-6 below min-p."""
     from mtpcheck.backends import load_backend
-    from mtpcheck.machinery.checks import fixture_prompts
-    from mtpcheck.suite._util import DIST_CONFIGS, request, seeded, spec_for
+    from mtpcheck.fixture import fixture_prompts
+    from mtpcheck.machinery.configs import DIST_CONFIGS, request, seeded, spec_for
 
     be = load_backend("mlx", {"acceptance": "exact_match"})
     caps = be.capabilities()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mtpcheck.contracts import GenerationResult, SpeculationReport
+from mtpcheck.fixture import PROMPTS
 from mtpcheck.machinery import golden as G
 
 pytest_plugins = ["pytester"]
@@ -50,7 +51,7 @@ def _golden_test(name: str):
         if name not in G.REQUIRED_BACKENDS and not stored.exists() and not request.config.option.update_snapshots:
             pytest.skip(f"backend {name!r} loads but has no goldens yet: record them with "
                         f"`mtpcheck golden update --backend {name}`")
-        record = G.run_case(name, backend, case)
+        record = G.run_case(name, backend, case, PROMPTS)
         assert record == snapshot.use_extension(G.golden_extension(name, ROOT))
 
     test.__name__ = test.__qualname__ = f"test_golden_{name.replace('-', '_')}"

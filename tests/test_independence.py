@@ -106,13 +106,15 @@ def test_the_run_budget_adds_up_to_at_most_1e_6():
     """Union bound over every statistical subtest of a run: the independence
     tests and the two stages of each distribution subtest."""
     from mtpcheck.laws.stats import SUITE_ALPHA
-    from mtpcheck.suite._util import (
+    from mtpcheck.machinery.configs import (
         DIST_ALPHA,
+        DIST_STAGE1,
+        DIST_STAGE2,
         INDEPENDENCE_ALPHA,
         INDEPENDENCE_TESTS,
         STAT_SUBTESTS,
     )
-    from mtpcheck.suite.test_distribution import STAGE1, STAGE2
 
-    assert STAGE1 + STAGE2 <= DIST_ALPHA * (1 + 1e-12)
-    assert INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + STAT_SUBTESTS * (STAGE1 + STAGE2) <= SUITE_ALPHA * (1 + 1e-12)
+    assert DIST_STAGE1 + DIST_STAGE2 <= DIST_ALPHA * (1 + 1e-12)
+    assert (INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + STAT_SUBTESTS * (DIST_STAGE1 + DIST_STAGE2)
+            <= SUITE_ALPHA * (1 + 1e-12))

@@ -9,8 +9,14 @@ submodule does not add an edge to its parent package (every package would
 otherwise be in a cycle with its own ``__init__``).
 
 Rules: the graph has no cycle; no adapter of mtpcheck/backends imports another
-(they share mtpcheck/backends/_library.py); the low layers import only what is
-below them (LOWER).
+(they share mtpcheck/backends/_library.py); every layer but the top ones
+(suite, plugin, cli) imports only what is below it (LOWER) - in particular the
+engine does not know the suite's machinery (the scheduling protocol it
+implements is a contract), the machinery knows no fixture and no concrete
+backend, the fixture no backend, the measurement programs no test module;
+nothing imports the suite; and the package's top level holds no alias modules
+(the old mtpcheck.checks & co. are gone: the canonical paths are
+mtpcheck.machinery.*).
 """
 
 from __future__ import annotations
@@ -24,15 +30,37 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mtpcheck"
 
-# layer -> the top-level parts of mtpcheck it may import (besides itself)
+# layer -> the top-level parts of mtpcheck it may import (besides itself);
+# "__init__" is the package mtpcheck itself, "backend" the Backend protocol
+# (mtpcheck/backend.py). The top layers - suite, plugin, cli - may import any
+# layer but the suite (test_nothing_imports_the_suite).
 LOWER = {
     "contracts": set(),
     "catalogue": set(),
     "laws": {"contracts"},
     "inspect": {"contracts"},
-    "engine": {"contracts", "machinery"},  # engine.scheduler implements the scheduling protocol
+    # the executable specification: it implements the contracts (the
+    # scheduling protocol is one: mtpcheck/contracts/scheduling.py) and knows
+    # nothing of the suite
+    "engine": {"contracts"},
+    # the judge: it re-derives laws with the engine's pure functions (sampling,
+    # acceptance rules, constraint automata) and reaches backends only through
+    # the registry (test_the_machinery_knows_no_concrete_backend); the prompts
+    # it judges on are handed to it (mtpcheck.fixture.fixture_prompts)
+    "machinery": {"contracts", "catalogue", "laws", "engine", "backends", "backend"},
     "backends": {"contracts", "engine", "fixture", "inspect", "backend", "__init__"},
+    # data the adapters read: it loads its models with the engine, and does
+    # not measure itself through the adapters (mtpcheck.measurement.real_acceptance does)
+    "fixture": {"contracts", "engine"},
+    "mutants": {"contracts", "catalogue", "laws", "inspect", "engine", "machinery", "backends", "backend",
+                "fixture", "__init__"},
+    # the statistical plan they measure is mtpcheck.machinery.configs, not a test module
+    "measurement": {"contracts", "catalogue", "laws", "inspect", "engine", "machinery", "backends", "backend",
+                    "fixture", "mutants", "__init__"},
 }
+TOP = {"suite", "plugin", "cli"}
+# the package's own top-level modules: no alias of a moved module among them
+TOP_LEVEL_MODULES = {"mtpcheck", "mtpcheck.backend", "mtpcheck.cli", "mtpcheck.plugin"}
 
 
 def module_name(path: Path) -> tuple[str, bool]:
@@ -178,15 +206,34 @@ def test_low_layers_import_only_what_is_below_them(low):
     assert not bad, f"{low} may import only {sorted(LOWER[low]) or 'nothing of mtpcheck'}: {bad}"
 
 
-@pytest.mark.parametrize("old, new", [
-    ("mtpcheck.assertions", "mtpcheck.machinery.assertions"),
-    ("mtpcheck.checks", "mtpcheck.machinery.checks"),
-    ("mtpcheck.strategies", "mtpcheck.machinery.strategies"),
-    ("mtpcheck.scheduling", "mtpcheck.machinery.scheduling"),
-])
-def test_moved_public_paths_are_the_same_modules(old, new):
-    """docs/downstream.md and docs/scheduler.md named the old paths: they stay
-    importable as the very module objects (monkeypatching one patches both)."""
-    import importlib
+def test_every_layer_is_placed():
+    """A new top-level part of the package must be given its place in LOWER
+    (or be a top layer): an unplaced one would escape every rule below."""
+    found = {layer(m) for m in graph()}
+    assert found <= set(LOWER) | TOP | {"__init__", "backend"}, sorted(found - set(LOWER) - TOP)
 
-    assert importlib.import_module(old) is importlib.import_module(new)
+
+def test_nothing_imports_the_suite():
+    """The suite's modules are collected by pytest, not imported: what a
+    measurement or a mutant needs of it lives in mtpcheck.machinery.configs."""
+    edges = graph()
+    bad = sorted(f"{m} -> {t}" for m, ts in edges.items() if layer(m) != "suite"
+                 for t in ts if layer(t) == "suite")
+    assert not bad, f"the suite is imported from outside it: {bad}"
+
+
+def test_the_machinery_knows_no_concrete_backend():
+    """Of mtpcheck/backends the machinery imports only the registry package
+    (load_backend, the option checks), never an adapter or the library layer."""
+    edges = graph()
+    bad = sorted(f"{m} -> {t}" for m, ts in edges.items() if layer(m) == "machinery"
+                 for t in ts if layer(t) == "backends" and t != "mtpcheck.backends")
+    assert not bad, f"the machinery imports a concrete backend: {bad}"
+
+
+def test_no_alias_modules_at_the_top_level():
+    """mtpcheck.assertions, .checks, .scheduling and .strategies were aliases of
+    the mtpcheck.machinery modules (issue 15); they are gone, and nothing else
+    may appear beside the package's own top-level modules."""
+    top = {m for m in modules() if m.count(".") <= 1 and not modules()[m][1]} | {"mtpcheck"}
+    assert top == TOP_LEVEL_MODULES, f"unexpected top-level modules: {sorted(top - TOP_LEVEL_MODULES)}"

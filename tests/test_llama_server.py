@@ -167,7 +167,7 @@ def plain_mtp():
 
 
 def _prompts(backend, n=4):
-    from mtpcheck.machinery.checks import fixture_prompts
+    from mtpcheck.fixture import fixture_prompts
 
     return list(fixture_prompts(backend).values())[:n]
 

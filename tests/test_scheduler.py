@@ -194,7 +194,7 @@ def test_lookahead_reuse_rate_on_the_fixture():
     if not (FIXTURE_DIR / "fixture.json").is_file():
         pytest.skip("mtpcheck/fixture/tiny not built yet")
     from mtpcheck.backends.reference import load_reference
-    from mtpcheck.machinery.checks import fixture_prompts
+    from mtpcheck.fixture import fixture_prompts
 
     backend = load_reference(drafter="assistant", depth=3)
     rate = lookahead_reuse(backend, list(fixture_prompts(backend).values()), max_tokens=24)

@@ -98,7 +98,7 @@ class ReferenceBackend:
         return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))])
 
     def open_scheduler(self, lookahead: bool = True, adaptive_after: int | None = 8):
-        """A scheduling session (mtpcheck.machinery.scheduling.SchedulerSession) on this engine."""
+        """A scheduling session (mtpcheck.contracts.scheduling.SchedulerSession) on this engine."""
         from mtpcheck.engine.scheduler import Scheduler, SchedulerOptions
 
         return Scheduler(self.engine, SchedulerOptions(lookahead=lookahead, adaptive_after=adaptive_after))

@@ -39,7 +39,7 @@ MODELS: list[tuple[type[BaseModel], str]] = [
 NOTES: dict[str, str] = {
     # GenerationRequest
     "GenerationRequest.prompt_tokens": "prompt token ids, at least one, each in [0, vocab_size). The suite's prompts "
-    "come from `checks.fixture_prompts`: with capability `text`, the shipped fixture texts through your `encode`; "
+    "come from `mtpcheck.fixture.fixture_prompts`: with capability `text`, the shipped fixture texts through your `encode`; "
     "otherwise four fixed pseudo-random prompts of 12 ids. A prompt longer than `context_length` must raise "
     "PromptTooLongError (`check_prompt_length`) before any forward",
     "GenerationRequest.max_tokens": "token budget (>= 1); emitting more is BackendGarbage. Reaching it ends the output "

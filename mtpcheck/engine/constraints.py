@@ -192,7 +192,7 @@ def masked(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 
 
 def compile_constraint(spec, vocab: int, eos: Sequence[int], token_texts: Sequence[str] | None = None) -> TokenDFA:
-    """A ConstraintSpec (mtpcheck.machinery.scheduling) -> TokenDFA. End tokens default to `eos`."""
+    """A ConstraintSpec (mtpcheck.contracts.scheduling) -> TokenDFA. End tokens default to `eos`."""
     end = spec.end_token_ids if spec.end_token_ids is not None else list(eos)
     if spec.sequences is not None:
         return TokenDFA.from_sequences(spec.sequences, vocab, end)

@@ -102,7 +102,7 @@ class LookaheadStats:
 
 @dataclass
 class BranchRecord:
-    """One lookahead branch, for the suite to re-check (mtpcheck.machinery.scheduling.LookaheadRecord)."""
+    """One lookahead branch, for the suite to re-check (mtpcheck.contracts.scheduling.LookaheadRecord)."""
 
     round: int  # the parent round
     parent_position: int

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from mtpcheck.contracts import GenerationRequest
-from mtpcheck.machinery.scheduling import (
+from mtpcheck.contracts.scheduling import (
     ConstraintSpec,
     ConstraintStep,
     LookaheadRecord,
@@ -58,7 +58,7 @@ class Job:
 
 
 class Scheduler:
-    """Implements mtpcheck.machinery.scheduling.SchedulerSession for the reference engine."""
+    """Implements mtpcheck.contracts.scheduling.SchedulerSession for the reference engine."""
 
     def __init__(self, engine: Engine, options: SchedulerOptions | None = None):
         self.engine = engine

@@ -74,19 +74,6 @@ def skip_reason(caps: Capabilities, missing: list[str]) -> str:
     return "; ".join(parts)
 
 
-def fixture_prompts(backend) -> dict[str, list[int]]:
-    """Fixture prompts for this backend: the shipped texts through its own
-    tokenizer when it has one, else fixed pseudo-random ids in its vocabulary."""
-    from mtpcheck.fixture import PROMPT_VARIANTS
-
-    caps = backend.capabilities()
-    inner = getattr(backend, "backend", backend)
-    if caps.text and hasattr(inner, "encode"):
-        return {f"{kind}{i}": inner.encode(text) for kind, texts in PROMPT_VARIANTS.items() for i, text in enumerate(texts)}
-    rng = np.random.default_rng(0)
-    return {f"ids{i}": rng.integers(0, caps.vocab_size, size=12).tolist() for i in range(4)}
-
-
 # -- statistics of the report ------------------------------------------------
 
 

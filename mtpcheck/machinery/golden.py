@@ -37,7 +37,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,15 +119,15 @@ class GoldenRecord(BaseModel):
     result: GenerationResult
 
 
-def prompt_tokens(backend, kind: str) -> list[int]:
-    """The fixture prompt of this kind (PROMPTS[kind]) through the backend's own tokenizer."""
-    from mtpcheck.fixture import PROMPTS
-
-    return list(backend.encode(PROMPTS[kind]))
+def prompt_tokens(backend, kind: str, prompts: Mapping[str, str]) -> list[int]:
+    """The prompt text of this kind (``prompts[kind]``) through the backend's own tokenizer."""
+    return list(backend.encode(prompts[kind]))
 
 
-def run_case(name: str, backend, case: GoldenCase) -> GoldenRecord:
-    prompt = prompt_tokens(backend, case.kind)
+def run_case(name: str, backend, case: GoldenCase, prompts: Mapping[str, str]) -> GoldenRecord:
+    """One golden entry. `prompts` maps each of KINDS to its prompt text: the
+    caller's (tests/test_golden.py passes the fixture's, mtpcheck.fixture.PROMPTS)."""
+    prompt = prompt_tokens(backend, case.kind, prompts)
     res = backend.generate(case.request(prompt))
     decode = getattr(backend, "decode", None)
     pieces = [decode([t]) for t in res.tokens] if decode else None

@@ -1,7 +1,10 @@
 """Measurement programs (docs/architecture.md): speed benchmarks with gates
 (bench), one request through several runtimes (side_by_side, two_engines),
-the suite's power and its false-failure calibration (power, calibrate). They
-use the machinery, backends and fixture; nothing in the suite imports them."""
+the suite's power and its false-failure calibration (power, calibrate), the
+acceptance of the real-backend fixtures (real_acceptance). They use the
+machinery (its statistical plan: mtpcheck.machinery.configs), backends and
+fixture; they import none of the suite's test modules, and nothing in the
+suite imports them."""
 
 from pathlib import Path
 

@@ -105,9 +105,10 @@ def null_run(index: int, backend_name: str, config: str, generations: int, max_t
     """One independent null run: `generations` seeded generations under one
     sampling configuration -> (G-test, PIT-KS) p-values at alpha 0.05."""
     from mtpcheck.backends.toy import load_toy
+    from mtpcheck.fixture import fixture_prompts
     from mtpcheck.laws.stats import pit_ks, rank_gtest
-    from mtpcheck.machinery.checks import fixture_prompts, observations
-    from mtpcheck.suite._util import DIST_CONFIGS, request, seeded
+    from mtpcheck.machinery.checks import observations
+    from mtpcheck.machinery.configs import DIST_CONFIGS, request, seeded
 
     if backend_name not in _WORKER:
         b = load_toy(**CONFIGS[backend_name])
@@ -127,7 +128,7 @@ def null_run(index: int, backend_name: str, config: str, generations: int, max_t
 
 
 def null_calibration(n_runs: int, generations: int, jobs: int, progress=print) -> list[dict]:
-    from mtpcheck.suite._util import DIST_CONFIGS
+    from mtpcheck.machinery.configs import DIST_CONFIGS
 
     backends = [b for b in CONFIGS if "twin" not in b]
     cells = [(b, c) for b in backends for c in DIST_CONFIGS]

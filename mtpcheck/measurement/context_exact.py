@@ -130,9 +130,13 @@ class ExactContexts:
 def simulate(exact: dict[str, ExactContexts], prompts: dict[str, list[int]], laws, first: int, pilot: int, runs: int,
              alpha: float, scale: float, reps: int, seed: int) -> dict:
     """Share of simulated staged runs that fail (the suite's staged_test on exact-law samples)."""
+    from mtpcheck.machinery.configs import (
+        CONTEXT_ESCALATE,
+        CONTEXT_PILOT_MIN_EXPECTED,
+        CONTEXT_TARGETS,
+        SUSPICIOUS,
+    )
     from mtpcheck.machinery.contexts import staged_test
-    from mtpcheck.suite.test_context import ESCALATE, PILOT_MIN_EXPECTED, TARGETS
-    from mtpcheck.suite.test_distribution import SUSPICIOUS
 
     rng = np.random.default_rng(seed)
     spec = SimpleNamespace(used=True, accepted=0, drafted=1)
@@ -143,8 +147,9 @@ def simulate(exact: dict[str, ExactContexts], prompts: dict[str, list[int]], law
 
     hits, stages = 0, {}
     for _ in range(reps):
-        out = staged_test(sample, laws, list(prompts), first, pilot, runs, alpha, targets=TARGETS, escalate=ESCALATE,
-                          suspicious=SUSPICIOUS, pilot_min_expected=PILOT_MIN_EXPECTED)
+        out = staged_test(sample, laws, list(prompts), first, pilot, runs, alpha, targets=CONTEXT_TARGETS,
+                          escalate=CONTEXT_ESCALATE, suspicious=SUSPICIOUS,
+                          pilot_min_expected=CONTEXT_PILOT_MIN_EXPECTED)
         if out.failed:
             hits += 1
             stages[out.failed[0]] = stages.get(out.failed[0], 0) + 1
@@ -156,12 +161,11 @@ def measure(mutant: str, base: str, config: str, reps: int, profiles=("ci", "dev
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
     from mtpcheck.backends import load_backend
     from mtpcheck.engine.acceptance import get_rule
+    from mtpcheck.fixture import fixture_prompts
     from mtpcheck.machinery import contexts as ctx
-    from mtpcheck.machinery.checks import fixture_prompts
+    from mtpcheck.machinery.configs import CONTEXT_STAGE_ALPHA, DIST_CONFIGS, spec_for
     from mtpcheck.machinery.harness import PROFILES
     from mtpcheck.mutants import load_mutant
-    from mtpcheck.suite._util import DIST_CONFIGS, spec_for
-    from mtpcheck.suite.test_context import STAGE_ALPHA
 
     correct = load_backend(base, {})
     broken = load_mutant(mutant, base)
@@ -190,9 +194,9 @@ def measure(mutant: str, base: str, config: str, reps: int, profiles=("ci", "dev
         P = PROFILES[prof]
         for s in scales:
             cells[prof, s] = simulate(exact, prompts, laws, ctx.lead(caps), P.context_pilot, P.context_runs,
-                                      STAGE_ALPHA, s, reps, seed=zlib.crc32(f"{prof} {s} {config}".encode()))
+                                      CONTEXT_STAGE_ALPHA, s, reps, seed=zlib.crc32(f"{prof} {s} {config}".encode()))
     return {"mutant": mutant, "base": base, "config": config, "tv_by_prompt": by_prompt, "mean_tv": mean_tv,
-            "cells": cells, "alpha": STAGE_ALPHA}
+            "cells": cells, "alpha": CONTEXT_STAGE_ALPHA}
 
 
 def render(results: list[dict], meta: dict) -> str:
@@ -251,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    from mtpcheck.machinery.configs import CONTEXT_CONFIGS
     from mtpcheck.mutants.run import ROOT
-    from mtpcheck.suite._util import CONTEXT_CONFIGS
 
     ap = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.context_exact",
                                  description=__doc__.split("\n\n")[0])

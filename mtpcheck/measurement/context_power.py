@@ -47,9 +47,9 @@ def build_pool(name: str, base: str, config: str, per_prompt: int, seed0: int) -
     reported speculation counts only."""
     import itertools
 
+    from mtpcheck.fixture import fixture_prompts
     from mtpcheck.machinery import contexts as ctx
-    from mtpcheck.machinery.checks import fixture_prompts
-    from mtpcheck.suite._util import DIST_CONFIGS, spec_for
+    from mtpcheck.machinery.configs import DIST_CONFIGS, spec_for
 
     be = _backend(name, base)
     caps = be.capabilities()
@@ -82,9 +82,13 @@ class _Spent(Exception):
 
 def detection(pl: dict, laws, pilot: int, runs: int, reps: int, alpha: float, seed: int = 11) -> dict:
     """Share of simulated staged runs that fail, and how often each stage decided."""
+    from mtpcheck.machinery.configs import (
+        CONTEXT_ESCALATE,
+        CONTEXT_PILOT_MIN_EXPECTED,
+        CONTEXT_TARGETS,
+        SUSPICIOUS,
+    )
     from mtpcheck.machinery.contexts import staged_test
-    from mtpcheck.suite.test_context import ESCALATE, PILOT_MIN_EXPECTED, TARGETS
-    from mtpcheck.suite.test_distribution import SUSPICIOUS
 
     rng = np.random.default_rng(seed)
     hits, by_stage, replaced, p_values = 0, {}, 0, []
@@ -107,8 +111,8 @@ def detection(pl: dict, laws, pilot: int, runs: int, reps: int, alpha: float, se
             return out
 
         try:
-            out = staged_test(sample, laws, list(pl["prompts"]), pl["first"], pilot, runs, alpha, targets=TARGETS,
-                              escalate=ESCALATE, suspicious=SUSPICIOUS, pilot_min_expected=PILOT_MIN_EXPECTED)
+            out = staged_test(sample, laws, list(pl["prompts"]), pl["first"], pilot, runs, alpha, targets=CONTEXT_TARGETS,
+                              escalate=CONTEXT_ESCALATE, suspicious=SUSPICIOUS, pilot_min_expected=CONTEXT_PILOT_MIN_EXPECTED)
         except _Spent:
             replaced += 1
             continue
@@ -122,7 +126,7 @@ def detection(pl: dict, laws, pilot: int, runs: int, reps: int, alpha: float, se
 
 
 def _laws_for(base: str, config: str):
-    from mtpcheck.suite._util import DIST_CONFIGS
+    from mtpcheck.machinery.configs import DIST_CONFIGS
 
     be, sp, cache = _backend("correct", base), DIST_CONFIGS[config], {}
 
@@ -186,9 +190,8 @@ def render(rows: list[dict], meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mtpcheck.machinery.configs import CONTEXT_CONFIGS, CONTEXT_STAGE_ALPHA
     from mtpcheck.mutants.run import ROOT
-    from mtpcheck.suite._util import CONTEXT_CONFIGS
-    from mtpcheck.suite.test_context import STAGE_ALPHA
 
     ap = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.context_power", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="mlx")
@@ -204,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(n, args.base, c, args.per_prompt, args.cache) for n in args.names for c in CONTEXT_CONFIGS]
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as ex:
         pools = list(ex.map(_cached_pool, jobs))
-        rows = [r for rs in ex.map(_evaluate, [(p, args.reps, STAGE_ALPHA) for p in pools]) for r in rs]
+        rows = [r for rs in ex.map(_evaluate, [(p, args.reps, CONTEXT_STAGE_ALPHA) for p in pools]) for r in rs]
     for r in rows:
         print(r, flush=True)
-    meta = {"base": args.base, "per_prompt": args.per_prompt, "reps": args.reps, "alpha": STAGE_ALPHA,
+    meta = {"base": args.base, "per_prompt": args.per_prompt, "reps": args.reps, "alpha": CONTEXT_STAGE_ALPHA,
             "wall_min": (time.time() - t0) / 60}
     # the suite runs the three configurations in one run: a mutant is caught when any fails
     for name in args.names:

@@ -69,9 +69,9 @@ def pool(name: str | None, config: str, generations: int, seed0: int, max_tokens
     mlx: the reference fixture) or the mutant `name` built on it."""
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
     from mtpcheck.backends import load_backend
-    from mtpcheck.machinery.checks import fixture_prompts
+    from mtpcheck.fixture import fixture_prompts
+    from mtpcheck.machinery.configs import DIST_CONFIGS, request, seeded
     from mtpcheck.mutants import load_mutant
-    from mtpcheck.suite._util import DIST_CONFIGS, request, seeded
 
     backend = load_mutant(name, base) if name and name != "correct" else load_backend(base, {})
     prompts = list(fixture_prompts(backend).values())
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", help="pickle the measured parts here")
     ap.add_argument("--reuse", help="a --save pickle whose parts fill in the skipped ones")
     args = ap.parse_args(argv)
-    from mtpcheck.suite._util import DIST_ALPHA
+    from mtpcheck.machinery.configs import DIST_ALPHA
 
     t0 = time.perf_counter()
     alpha = DIST_ALPHA

@@ -57,9 +57,9 @@ def detection(pl: dict, runs: int, tokens: int, reps: int, alpha: float, seed: i
               escalate: bool = False) -> float:
     """Detection rate of DIST-EQUIV; with `escalate`, as the suite runs it:
     stage 1 at alpha/2, and on a p-value <= SUSPICIOUS the sample grown
-    ESCALATE-fold (the stage-1 generations kept) at alpha/2."""
+    DIST_ESCALATE-fold (the stage-1 generations kept) at alpha/2."""
     from mtpcheck.laws.stats import ObservationBatch, pit_ks, rank_gtest
-    from mtpcheck.suite.test_distribution import ESCALATE, SUSPICIOUS
+    from mtpcheck.machinery.configs import DIST_ESCALATE, SUSPICIOUS
 
     rng = np.random.default_rng(seed)
     gens = pl["gens"]
@@ -72,10 +72,10 @@ def detection(pl: dict, runs: int, tokens: int, reps: int, alpha: float, seed: i
 
     hits = 0
     for r in range(reps):
-        order = rng.permutation(len(gens)) if len(gens) >= ESCALATE * runs else rng.choice(len(gens), ESCALATE * runs)
+        order = rng.permutation(len(gens)) if len(gens) >= DIST_ESCALATE * runs else rng.choice(len(gens), DIST_ESCALATE * runs)
         passed, p = test(order[:runs], alpha / 2 if escalate else alpha, r)
         if escalate and passed and p <= SUSPICIOUS:
-            passed, _ = test(order[: ESCALATE * runs], alpha / 2, r + 10_000)
+            passed, _ = test(order[: DIST_ESCALATE * runs], alpha / 2, r + 10_000)
         hits += not passed
     return hits / reps
 
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(Path(args.rows).read_text())
         write_section(Path(args.out), START, END, render(saved["rows"], saved["meta"]))
         return 0
+    from mtpcheck.machinery.configs import DIST_ALPHA
     from mtpcheck.measurement.power import rank_tv as _rank_tv
-    from mtpcheck.suite._util import DIST_ALPHA
 
     def rank_tv(gens):  # a pool with a zero-probability token has no bins to compare: the G-test fails outright
         try:

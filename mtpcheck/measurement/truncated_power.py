@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         truncated_pit_ks,
         truncated_rank_gtest,
     )
-    from mtpcheck.suite._util import STAT_SUBTESTS
+    from mtpcheck.machinery.configs import STAT_SUBTESTS
 
     alpha = SUITE_ALPHA / STAT_SUBTESTS
     t0 = time.perf_counter()

@@ -1,8 +1,7 @@
 import pytest
 
 from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
-
-from ._util import request
+from mtpcheck.machinery.configs import request
 
 
 def _folders(mtp_backend):

@@ -8,16 +8,20 @@ import pytest
 
 from mtpcheck.machinery import contexts as ctx
 from mtpcheck.machinery.checks import boundary_flips
+from mtpcheck.machinery.configs import (
+    CONTEXT_CONFIGS,
+    CONTEXT_ESCALATE,
+    CONTEXT_PILOT_MIN_EXPECTED,
+    CONTEXT_STAGE_ALPHA,
+    CONTEXT_TARGETS,
+    DIST_CONFIGS,
+    SUSPICIOUS,
+    spec_for,
+)
 
-from ._util import CONTEXT_CONFIGS, DIST_ALPHA, DIST_CONFIGS, spec_for
-from .test_distribution import SUSPICIOUS
-
-# Three stages share one DIST_ALPHA (union bound): the pilot over every prompt,
-# the targeted sample, and its escalation when the targeted p-value is suspicious.
-STAGE_ALPHA = DIST_ALPHA / 3
-TARGETS = 2  # prompts the targeted stage concentrates on
-ESCALATE = 2  # the targeted sample is already the suite's largest draw: grown 2-fold, not 4
-PILOT_MIN_EXPECTED = 5.0  # the pilot's per-prompt scores only rank prompts; their p-values are not used
+# Three stages share one DIST_ALPHA (union bound; mtpcheck/machinery/configs.py):
+# the pilot over every prompt, the targeted sample, and its escalation when the
+# targeted p-value is suspicious.
 
 
 def _seeds(mtp_seed: int, config: str):
@@ -45,9 +49,9 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
     out = ctx.staged_test(
         lambda per_prompt: ctx.draw(mtp_backend, caps, mtp_fixture, per_prompt, sp, spec, seeds),
         lambda prompt, cont: mtp_backend.target_distributions(prompt, cont, sp),
-        list(mtp_fixture), ctx.lead(caps), prof.context_pilot, prof.context_runs, STAGE_ALPHA,
-        targets=TARGETS, escalate=ESCALATE, suspicious=SUSPICIOUS, pilot_min_expected=PILOT_MIN_EXPECTED,
-        excuse=excuse)
+        list(mtp_fixture), ctx.lead(caps), prof.context_pilot, prof.context_runs, CONTEXT_STAGE_ALPHA,
+        targets=CONTEXT_TARGETS, escalate=CONTEXT_ESCALATE, suspicious=SUSPICIOUS,
+        pilot_min_expected=CONTEXT_PILOT_MIN_EXPECTED, excuse=excuse)
     mtp_record(config=config, stages=out.stages, pilot_scores=out.scores, pilot_acceptance=out.acceptance,
                targets=out.targets, sampled_through="generate_batch" if caps.generate_batch else "generate",
                boundary_flips_excused=excused)
@@ -65,5 +69,5 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
                     f"p={r.p_value:.3g} < alpha={r.alpha:.2g} (G={r.statistic:.1f}, df={r.df}, n={r.n}){where}",
                     pytrace=False)
     if not out.targets:
-        pytest.skip(f"no fixture prompt reached a context with two cells of expected count {PILOT_MIN_EXPECTED} in "
+        pytest.skip(f"no fixture prompt reached a context with two cells of expected count {CONTEXT_PILOT_MIN_EXPECTED} in "
                     f"{prof.context_pilot} short requests: every first speculative position is (nearly) one-hot")

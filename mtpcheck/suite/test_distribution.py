@@ -12,17 +12,22 @@ from mtpcheck.laws.stats import (
     zero_probability_violations,
 )
 from mtpcheck.machinery.checks import logprob_problems, observations
+from mtpcheck.machinery.configs import (
+    DIST_CONFIGS,
+    DIST_ESCALATE,
+    DIST_STAGE1,
+    DIST_STAGE2,
+    SUSPICIOUS,
+    request,
+    seeded,
+    spec_for,
+)
 
-from ._util import DIST_ALPHA, DIST_CONFIGS, request, seeded, spec_for
-
-ALPHA = DIST_ALPHA
-# Escalation on suspicion (docs/statistics.md): each DIST-EQUIV test spends
-# its alpha in two stages, STAGE1 on the profile's sample and STAGE2 on that
-# sample grown ESCALATE-fold, drawn only when a stage-1 p-value lands in
-# (STAGE1, SUSPICIOUS]. Union bound: STAGE1 + STAGE2 = ALPHA.
-STAGE1 = STAGE2 = ALPHA / 2
-SUSPICIOUS = 1e-3  # a null p-value lands here once in 1,000 tests; a bug near the power limit, often
-ESCALATE = 4
+# Escalation on suspicion (docs/statistics.md; the constants in
+# mtpcheck/machinery/configs.py): each DIST-EQUIV test spends its alpha in two
+# stages, DIST_STAGE1 on the profile's sample and DIST_STAGE2 on that sample
+# grown DIST_ESCALATE-fold, drawn only when a stage-1 p-value lands in
+# (DIST_STAGE1, SUSPICIOUS]. Union bound: DIST_STAGE1 + DIST_STAGE2 = DIST_ALPHA.
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +99,16 @@ def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp
             return truncated_rank_gtest(obs, n, alpha=alpha), truncated_pit_ks(obs, n, rng_seed=rng_seed, alpha=alpha)
         return rank_gtest(obs, alpha=alpha), pit_ks(obs, rng_seed=rng_seed, alpha=alpha)
 
-    g, ks = tests(obs, STAGE1, mtp_seed)
+    g, ks = tests(obs, DIST_STAGE1, mtp_seed)
     accepted = sum(res.speculation.accepted for _, res in runs)
-    stage, alpha = 1, STAGE1
+    stage, alpha = 1, DIST_STAGE1
     first = {"gtest_p": g.p_value, "pit_ks_p": ks.p_value}
     if g.passed and ks.passed and min(g.p_value, ks.p_value) <= SUSPICIOUS:
-        stage, alpha = 2, STAGE2
-        runs = samples(config, ESCALATE * mtp_profile.dist_runs)
+        stage, alpha = 2, DIST_STAGE2
+        runs = samples(config, DIST_ESCALATE * mtp_profile.dist_runs)
         excused = []
         obs = _obs(mtp_backend, mtp_capabilities, config, runs, excused)
-        g, ks = tests(obs, STAGE2, mtp_seed + 1)
+        g, ks = tests(obs, DIST_STAGE2, mtp_seed + 1)
     mtp_record(config=config, gtest=g.model_dump(), pit_ks=ks.model_dump(), accepted_proposals=accepted, stage=stage,
                stage1=first, generations=len(runs), boundary_flips_excused=excused,
                sampled_through="generate_batch" if mtp_capabilities.generate_batch else "generate")

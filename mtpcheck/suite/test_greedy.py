@@ -3,8 +3,7 @@ import pytest
 
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import divergence_mechanism, first_divergence, top2_logit_gap
-
-from ._util import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for
 
 GREEDY = SamplingParams(temperature=0.0)
 

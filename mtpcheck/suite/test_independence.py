@@ -16,8 +16,7 @@ from mtpcheck.laws.independence import (
     pit_values,
 )
 from mtpcheck.machinery import scheduling as S
-
-from ._util import INDEPENDENCE_ALPHA, request, spec_for
+from mtpcheck.machinery.configs import INDEPENDENCE_ALPHA, request, spec_for
 
 TOKENS = 32  # per request of SEED-HISTORY
 REPLICATES = {"ci": 4, "dev": 8, "thorough": 24}  # base seeds of SEED-INDEPENDENT / SEED-STREAMS-INDEPENDENT

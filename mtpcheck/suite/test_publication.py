@@ -6,8 +6,7 @@ import pytest
 
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import events_problems, stream_problems
-
-from ._util import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -1,8 +1,7 @@
 import pytest
 
 from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
-
-from ._util import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for
 
 REASONS = {"not_requested", "sampling_control_unsupported", "drafter_unavailable",
            "depth_exceeds_capability", "adaptive_disabled"}

@@ -2,8 +2,7 @@ import pydantic
 import pytest
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams, SpeculationRequest
-
-from ._util import request, skip_unless_depth, spec_for
+from mtpcheck.machinery.configs import request, skip_unless_depth, spec_for
 
 
 @pytest.mark.contract("REQ-BLOCK")

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery import scheduling as S
-
-from ._util import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for
 
 MAX_TOKENS = 16
 

@@ -3,8 +3,7 @@ import pytest
 
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import first_divergence, flip_excused, seeded_flip, traced_uniform
-
-from ._util import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for
 
 
 @pytest.mark.contract("SEED-DETERMINISM")

@@ -3,9 +3,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mtpcheck.machinery.checks import stats_problems
+from mtpcheck.machinery.configs import request, spec_for
 from mtpcheck.machinery.strategies import sampling_params
-
-from ._util import request, spec_for
 
 
 @pytest.mark.contract("STATS-CONSISTENT")

@@ -1,8 +1,7 @@
 import pytest
 
 from mtpcheck.contracts import FinishEvent, SamplingParams, StopEvent, TokenEvent
-
-from ._util import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -3,8 +3,7 @@
 import pytest
 
 from mtpcheck.machinery.checks import trace_problems
-
-from ._util import DIST_CONFIGS, request, seeded, spec_for
+from mtpcheck.machinery.configs import DIST_CONFIGS, request, seeded, spec_for
 
 
 @pytest.fixture(scope="module")

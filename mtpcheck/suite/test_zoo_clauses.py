@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import GenerationRequest, GenerationResult, SamplingParams
-
-from ._util import request, skip_unless_depth, spec_for
+from mtpcheck.machinery.configs import request, skip_unless_depth, spec_for
 
 DRAFT_ATOL = 1e-3  # float32 batched prefill vs incremental forwards differ by ~1e-6
 PROMPTS = 4  # fixture prompts per test

@@ -1,4 +1,13 @@
-"""Small helpers shared by suite modules (not fixtures: those live in the plugin)."""
+"""The suite's statistical plan: how the run's false-failure budget is split,
+the sampling configurations the distribution clauses draw under, the staged
+tests' constants, and the small request helpers built on them.
+
+The suite's tests (mtpcheck/suite/) and the measurement programs that size or
+calibrate them (mtpcheck/measurement/: power, profile_power, truncated_power,
+context_power, context_exact, calibrate) import them from here, so that a
+measurement measures the very tests the suite runs without importing a test
+module (docs/architecture.md). Importing this module does not import mlx.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,8 @@ import pytest
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams
 from mtpcheck.laws.stats import SUITE_ALPHA
+
+# -- the budget ----------------------------------------------------------------
 
 # The run's false-failure budget SUITE_ALPHA = 1e-6, split by a union bound:
 # SEED-INDEPENDENT and SEED-STREAMS-INDEPENDENT get INDEPENDENCE_ALPHA each
@@ -19,6 +30,8 @@ INDEPENDENCE_TESTS = 2
 STAT_SUBTESTS = 12 + 3
 DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
+# -- the sampling configurations --------------------------------------------------
+
 DIST_CONFIGS = {
     "temperature": SamplingParams(temperature=1.0),
     "top_k": SamplingParams(temperature=0.8, top_k=8),
@@ -29,12 +42,32 @@ DIST_CONFIGS = {
     "temp_1_3": SamplingParams(temperature=1.3),
 }
 
-
 # DIST-CONTEXT: the configurations with a filter. A bug that acts through the
 # filter (the draft law reported without it) tilts each context's law where
 # pooled ranks cancel; without a filter the pooled tests already have power
 # (docs/power.md).
 CONTEXT_CONFIGS = ("top_k", "top_p", "min_p")
+
+# -- DIST-EQUIV (mtpcheck/suite/test_distribution.py) -------------------------------
+
+# Escalation on suspicion (docs/statistics.md): each DIST-EQUIV test spends
+# its alpha in two stages, DIST_STAGE1 on the profile's sample and DIST_STAGE2
+# on that sample grown DIST_ESCALATE-fold, drawn only when a stage-1 p-value
+# lands in (DIST_STAGE1, SUSPICIOUS]. Union bound: DIST_STAGE1 + DIST_STAGE2 = DIST_ALPHA.
+DIST_STAGE1 = DIST_STAGE2 = DIST_ALPHA / 2
+SUSPICIOUS = 1e-3  # a null p-value lands here once in 1,000 tests; a bug near the power limit, often
+DIST_ESCALATE = 4
+
+# -- DIST-CONTEXT (mtpcheck/suite/test_context.py) ----------------------------------
+
+# Three stages share one DIST_ALPHA (union bound): the pilot over every prompt,
+# the targeted sample, and its escalation when the targeted p-value is suspicious.
+CONTEXT_STAGE_ALPHA = DIST_ALPHA / 3
+CONTEXT_TARGETS = 2  # prompts the targeted stage concentrates on
+CONTEXT_ESCALATE = 2  # the targeted sample is already the suite's largest draw: grown 2-fold, not 4
+CONTEXT_PILOT_MIN_EXPECTED = 5.0  # the pilot's per-prompt scores only rank prompts; their p-values are not used
+
+# -- request helpers ----------------------------------------------------------------
 
 
 def request(prompt, max_tokens, sp: SamplingParams, spec=None, **kw) -> GenerationRequest:
@@ -65,3 +98,25 @@ def skip_unless_depth(caps, depth: int) -> None:
     depths are fixed at launch (Capabilities.depths) without it."""
     if caps.depths and depth not in caps.depths:
         pytest.skip(f"clause needs depth {depth}; backend serves depths {caps.depths} only (fixed at launch)")
+
+
+__all__ = [
+    "CONTEXT_CONFIGS",
+    "CONTEXT_ESCALATE",
+    "CONTEXT_PILOT_MIN_EXPECTED",
+    "CONTEXT_STAGE_ALPHA",
+    "CONTEXT_TARGETS",
+    "DIST_ALPHA",
+    "DIST_CONFIGS",
+    "DIST_ESCALATE",
+    "DIST_STAGE1",
+    "DIST_STAGE2",
+    "INDEPENDENCE_ALPHA",
+    "INDEPENDENCE_TESTS",
+    "STAT_SUBTESTS",
+    "SUSPICIOUS",
+    "request",
+    "seeded",
+    "skip_unless_depth",
+    "spec_for",
+]
