@@ -297,7 +297,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if config.pluginmanager.hasplugin("dsession"):  # xdist: the workers' header lines were not shown
             for line in rec.header_lines():
                 terminalreporter.write_line(line)
-        for line in rec.table_lines():
+        for line in rec.table_lines() + rec.closing_lines(config.getoption("--mtp-json"),
+                                                         config.getoption("--mtp-markdown")):
             terminalreporter.write_line(line)
 
 
@@ -330,7 +331,7 @@ def mtp_seed(request) -> int:
 @pytest.fixture(scope="session")
 def mtp_fixture(mtp_backend):
     """Fixture prompts as token ids for this backend, by kind."""
-    from mtpcheck.machinery.checks import fixture_prompts
+    from mtpcheck.fixture import fixture_prompts
 
     return fixture_prompts(mtp_backend)
 

@@ -4,6 +4,13 @@ os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
 
 import pytest  # noqa: E402
 
+# pytester's in-process runs restore sys.modules afterwards; numpy 2 and scipy's
+# extension modules cannot be loaded twice in one process, so a first import of
+# scipy inside such a run broke the next one ("cannot load module more than once
+# per process"). Load them here, once, for the whole session.
+import scipy.optimize  # noqa: E402, F401
+import scipy.stats  # noqa: E402, F401
+
 
 class CharTokenizer:
     """A stand-in tokenizer for engine tests: token t -> one letter."""

@@ -382,7 +382,9 @@ class RunRecorder:
         lines = []
         for cid, row in rows.items():
             note = row["notes"][0] if row["notes"] else ""
-            lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  {_clip(note, 110)}")
+            # a skip reason names the capability or setting: never cut (failure messages can run long)
+            lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  "
+                         f"{note if row['outcome'] == 'skipped' else _clip(note, 110)}".rstrip())
         for cid, why in missing.items():
             if why != "deselected":
                 lines.append(f"{cid:<{width}}  {'NOT RUN':<8}  {why}")
@@ -390,13 +392,34 @@ class RunRecorder:
         deselected = sum(why == "deselected" for why in missing.values())
         lines.append("clauses: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                      + (f", {len(missing) - deselected} not run" if len(missing) > deselected else "")
-                     + (f", {deselected} deselected" if deselected else ""))
+                     + (f", {deselected} deselected" if deselected else "")
+                     + f" (one row per clause, from {len(self._ran())} suite tests; pytest's line counts tests)")
         for nodeid in self.crashed:
             lines.append(f"mtpcheck: CRASHED: the process died in {nodeid} (no verdict); the rest of the run "
                          "went on in a fresh worker")
         if self.exit_status is not None and not self.complete():
             lines.append(f"mtpcheck: INCOMPLETE run ({', '.join(self.reasons) or 'tests not run'}): "
                          "the report says complete: false")
+        return lines
+
+    def closing_lines(self, json_path: str | None, markdown_path: str | None) -> list[str]:
+        """Where the reports went and what to do next, for someone reading the run for the first time."""
+        counts, state = self.summary(), "complete" if self.complete() else "complete: false"
+        lines = []
+        if json_path:
+            lines.append(f"mtpcheck: JSON report: {json_path} ({state}); check it in CI with "
+                         f"`python -m mtpcheck.machinery.report validate {json_path} --complete`")
+        else:
+            lines.append("mtpcheck: no JSON report written (--mtp-json PATH, or `mtpcheck run --json PATH`)")
+        if markdown_path:
+            lines.append(f"mtpcheck: Markdown table: {markdown_path}")
+        if counts["failed"] or counts["error"] or counts["xpassed"]:
+            lines.append("mtpcheck: next: a FAILED row's evidence is under clauses.<ID>.evidence in the JSON report; "
+                         "a greedy divergence: `mtpcheck explain-divergence`; a documented deviation of your runtime "
+                         "goes in an xfails file (docs/adapters.md, 'Known deviations'); an XPASSED line is fixed: remove it")
+        elif counts["passed"] or counts["xfailed"]:
+            lines.append("mtpcheck: next: judge your own runtime with --mtp-backend=package.module:factory "
+                         "(docs/adapters.md); SKIPPED rows name the capability a clause needs")
         return lines
 
     def summary(self) -> dict:
