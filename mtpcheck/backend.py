@@ -35,6 +35,17 @@ class Backend(Protocol):
         ...
 
 
+class RawLogitsBackend(Protocol):
+    """Optional: backends that expose their target's raw logits (capability
+    `raw_logits`): CTRL-CONTRACT's ground truth for penalties and logit bias."""
+
+    def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """Unprocessed target logits [len(continuation), V], speculation off,
+        teacher-forced: row i the next-token logits after prompt +
+        continuation[:i], before logit bias, penalties, temperature and filters."""
+        ...
+
+
 class TextBackend(Protocol):
     """Optional: backends with a tokenizer (capability `text`)."""
 

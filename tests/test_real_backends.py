@@ -237,3 +237,54 @@ def test_generate_stream_chunks_concatenate_to_generate(name, request):
         assert len(chunks) > 1 and all(c["finish_reason"] is None for c in chunks[:-1])
         assert [t for c in chunks for t in c["tokens"]] == res.tokens
         assert "".join(c["text"] for c in chunks) == res.text and chunks[-1]["finish_reason"] == res.finish_reason
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_target_logits_are_the_decode_paths_raw_logits(name, request):
+    """Capability raw_logits: the rows target_distributions starts from,
+    before any processing (log-softmax of them is the temperature-1 law)."""
+    b = request.getfixturevalue(name)
+    prompt = b.encode(PROMPT_TEXT)
+    res = b.generate(req(prompt, n=8, spec=False))
+    assert b.capabilities().raw_logits
+    raw = b.target_logits(prompt, res.tokens)
+    assert raw.shape == (8, b.capabilities().vocab_size) and np.isfinite(raw).all()
+    assert np.array_equal(raw.astype(np.float16), raw)  # float16 logits, exactly
+    law = b.target_distributions(prompt, res.tokens, SamplingParams(temperature=1.0))
+    ratio = np.log(law) - raw  # a constant per row, up to float16 rounding of the log-probabilities
+    assert np.max(np.abs(ratio - ratio[:, :1])) < 0.02
+
+
+@needs_lm
+@pytest.mark.parametrize("penalty", [1.5, 2.0])
+def test_repetition_penalty_acts_on_logits_as_mlx_lms_processor_does(lm, penalty):
+    """The ground truth with penalties (issue 22, item 4): the contract's
+    penalties on the raw logits, then log-probabilities, is mlx-lm's own
+    processor (make_logits_processors, run before logsumexp) to float rounding,
+    and mlx-lm's plain greedy path emits its argmax at every position; the old
+    rule (the penalty applied to log-probabilities, all negative, so always
+    multiplied) misses positions."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_logits_processors
+
+    from mtpcheck.engine.sampling import process
+
+    prompt = lm.encode(PROMPT_TEXT)
+    out = lm.generate(req(prompt, n=32, spec=False, repetition_penalty=penalty))  # plain: the whole history, L1 aside
+    cont, seq, P = out.tokens, prompt + out.tokens, len(prompt)
+    law = SamplingParams(temperature=1.0, repetition_penalty=penalty)
+    ours = lm.target_distributions(prompt, cont, law)
+    raw = lm.target_logits(prompt, cont)
+    processors = make_logits_processors(repetition_penalty=penalty, repetition_context_size=len(seq))
+    theirs = []
+    for i in range(len(cont)):
+        x = mx.array(raw[i : i + 1].astype(np.float16))
+        for processor in processors:
+            x = processor(mx.array(seq[: P + i]), x)
+        lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        theirs.append(np.array(mx.softmax(lp.astype(mx.float32), axis=-1)[0], dtype=np.float64))
+    assert np.max(np.abs(ours - np.stack(theirs))) < 1e-5
+    assert np.argmax(ours, axis=1).tolist() == cont
+    rows = lm.truth.rows(prompt, cont)
+    old = np.stack([process(rows[i], law, seq[: P + i]) for i in range(len(cont))])
+    assert np.argmax(old, axis=1).tolist() != cont

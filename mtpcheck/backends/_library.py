@@ -327,6 +327,15 @@ class LibraryBackend:
                       self.context)
         return self.truth.laws(prompt, continuation, sampling)
 
+    def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """Capability raw_logits: the target's unprocessed logits along the plain
+        decode path (the rows `target_distributions` starts from), float64."""
+        if not continuation:
+            return np.zeros((0, self.vocab_size))
+        check_request(GenerationRequest(prompt_tokens=list(prompt) + list(continuation)), self.vocab_size,
+                      self.context)
+        return self.truth.logits(list(prompt), list(continuation))
+
     def result(self, out, *, spec: SpeculationRequest, used: bool, depth: int, reason: str | None,
                message: str | None, drafter: str, draft_kind: str, accept_lens: list[int], draft_lens: list[int],
                seed: int) -> GenerationResult:
@@ -347,6 +356,14 @@ class DecodePathLogprobs:
     enough to move a token across a top-k boundary (docs/backends/mlx-vlm.md,
     "Ground truth").
 
+    The raw logits of each row are kept beside it (capability raw_logits,
+    :meth:`logits`): penalties and logit bias act on logits, before the
+    log-probabilities are taken (the contract's order, and the libraries':
+    their logits processors run before ``logsumexp``). Applied to
+    log-probabilities instead, the repetition penalty, which divides a positive
+    logit and multiplies a negative one, gives another law (every log-probability
+    is negative, so it only ever multiplies).
+
     The model is fixed once loaded, so rows are memoised (the statistical
     clauses ask twice for the same samples); a continuation that extends or
     prefixes a stored one reuses it.
@@ -355,35 +372,71 @@ class DecodePathLogprobs:
 
     def __init__(self, forward, make_cache, size: int = 512):
         self.forward, self.make_cache, self.size = forward, make_cache, size
-        self.memo: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self.memo: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        self.dtype = None  # the model's logits dtype (an mx.Dtype), known after the first forward
 
-    def rows(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+    def _both(self, prompt: list[int], continuation: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(log-probability rows, raw logit rows), float64 [len(continuation), V] each."""
         import mlx.core as mx
 
         P, key = len(prompt), tuple(prompt) + tuple(continuation[:-1])
         n = len(continuation)
-        for (p, k), v in self.memo.items():
+        for (p, k), (lp, raw) in self.memo.items():
             if p == P and len(k) >= len(key) and k[: len(key)] == key:
-                return v[:n]
+                return lp[:n], raw[:n]
         cache = self.make_cache()
         if P > 1:
             mx.eval(self.forward(mx.array([list(prompt[:-1])], dtype=mx.int32), cache))
-        rows = []
+        rows, logits_rows = [], []
         for tok in key[P - 1 :]:
             logits = self.forward(mx.array([[tok]], dtype=mx.int32), cache)[0, -1]
+            self.dtype = logits.dtype
+            logits_rows.append(logits.astype(mx.float32))
             rows.append((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))
-            mx.async_eval(rows[-1])
-        out = np.array(mx.stack(rows), dtype=np.float64)
+            mx.async_eval(rows[-1], logits_rows[-1])
+        out = (np.array(mx.stack(rows), dtype=np.float64), np.array(mx.stack(logits_rows), dtype=np.float64))
         if len(self.memo) >= self.size:
             self.memo.pop(next(iter(self.memo)))
         self.memo[(P, key)] = out
         return out
 
+    def rows(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """Log-probability rows in the model's dtype (as float64)."""
+        return self._both(list(prompt), list(continuation))[0]
+
+    def logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """The raw logits of the same rows (the model's dtype, exactly, as float64)."""
+        return self._both(list(prompt), list(continuation))[1]
+
+    def penalised_rows(self, prompt: list[int], continuation: list[int], sp: SamplingParams) -> np.ndarray:
+        """Log-probability rows after the logit bias and penalties, applied to the
+        raw logits over prompt + continuation so far (the contract's
+        ``apply_penalties``, float64), rounded back to the model's dtype and
+        normalised there, as the libraries normalise after their processors."""
+        import mlx.core as mx
+
+        from mtpcheck.engine.sampling import apply_penalties
+
+        raw = self.logits(prompt, continuation)
+        seq = list(prompt) + list(continuation)
+        x = np.stack([apply_penalties(raw[i], sp, seq[: len(prompt) + i]) for i in range(len(continuation))])
+        # one rounding into the model's dtype (numpy rounds float64 to float16 correctly; via float32 would round twice)
+        y = mx.array(x.astype(np.float16)) if self.dtype == mx.float16 else mx.array(x.astype(np.float32)).astype(
+            self.dtype or mx.float32)
+        return np.array((y - mx.logsumexp(y, axis=-1, keepdims=True)).astype(mx.float32), dtype=np.float64)
+
     def laws(self, prompt: list[int], continuation: list[int], sp: SamplingParams) -> np.ndarray:
         """Processed target laws, float64 [len(continuation), V], through
-        ``mtpcheck.engine.sampling.process`` (the contract's processing)."""
+        ``mtpcheck.engine.sampling.process`` (the contract's processing); with
+        penalties or logit bias, from :meth:`penalised_rows` (the controls on
+        logits) and the rest of the processing after them."""
         from mtpcheck.engine.sampling import process
 
-        rows = self.rows(list(prompt), list(continuation))
-        seq = list(prompt) + list(continuation)
+        prompt, continuation = list(prompt), list(continuation)
+        if sp.speculation_blockers():
+            rows = self.penalised_rows(prompt, continuation, sp)
+            rest = sp.model_copy(update=dict.fromkeys(PENALTY_CONTROLS))
+            return np.stack([process(row, rest) for row in rows])
+        rows = self.rows(prompt, continuation)
+        seq = prompt + continuation
         return np.stack([process(rows[i], sp, seq[: len(prompt) + i]) for i in range(len(continuation))])

@@ -46,6 +46,10 @@ class BlackBox:
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)
 
+    def target_logits(self, prompt, continuation):
+        # ground truth like the laws (capability raw_logits), not a white-box hook: kept
+        return self.inner.target_logits(prompt, continuation)
+
 
 def load_black_box(backend: str = "toy", **options: str) -> BlackBox:
     """Backend factory: `--mtp-backend=mtpcheck.backends.blackbox:load_black_box

@@ -137,6 +137,7 @@ class MlxLmBackend(LibraryBackend):
             position_addressed_target_sampling=False,
             speculative_sampling_controls=self.speculative_controls(penalties_reach_library=True),
             target_distributions=True,
+            raw_logits=True,  # target_logits: the decode path's float16 logits
             checkpoint_evidence=True,
             # float16 logits: an ulp is 2**-7 at the fixture's top logits (8-13), and a
             # multi-token verification may round them differently from a one-token step

@@ -130,6 +130,7 @@ class MlxVlmBackend(LibraryBackend):
             # the library's speculative API takes penalties and logit bias (V1: it drops them)
             speculative_sampling_controls=self.speculative_controls(penalties_reach_library=True),
             target_distributions=True,
+            raw_logits=True,  # target_logits: the decode path's float16 logits
             logprobs=False,
             traces=False,
             text=True,

@@ -48,6 +48,7 @@ class ReferenceBackend:
             position_addressed_target_sampling=True,
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed"],
             target_distributions=True,
+            raw_logits=True,
             logprobs=True,
             traces=True,
             text=e.tokenizer is not None,
@@ -84,18 +85,26 @@ class ReferenceBackend:
         st = engine.start(request)
         yield from stream_chunks(st, lambda: engine.step(st))
 
-    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+    def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """Capability raw_logits: the target's unprocessed logits, float64
+        [len(continuation), V], row i after prompt + continuation[:i] (one
+        teacher-forced pass, speculation off)."""
         import mlx.core as mx
-
-        from mtpcheck.engine.sampling import process
 
         if not continuation:
             return np.zeros((0, self.engine.vocab_size))
         seq = list(prompt) + list(continuation)
         check_prompt_length(seq, self.context_length)
         _, logits = self.engine.target(mx.array(seq[:-1])[None])  # [1, P+C-1, V]
-        rows = np.array(logits[0, len(prompt) - 1 :], dtype=np.float64)
-        return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))])
+        return np.array(logits[0, len(prompt) - 1 :], dtype=np.float64)
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
+        from mtpcheck.engine.sampling import process
+
+        rows = self.target_logits(prompt, continuation)
+        seq = list(prompt) + list(continuation)
+        return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))]) \
+            if len(continuation) else rows
 
     def open_scheduler(self, lookahead: bool = True, adaptive_after: int | None = 8):
         """A scheduling session (mtpcheck.contracts.scheduling.SchedulerSession) on this engine."""

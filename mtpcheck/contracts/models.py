@@ -227,6 +227,13 @@ class Capabilities(_Strict):
         default_factory=lambda: ["temperature"], description="controls honoured with speculation on"
     )
     target_distributions: bool = False
+    raw_logits: bool = Field(
+        False,
+        description="target_logits(prompt, continuation) gives the target's unprocessed logits, float [len(continuation),"
+        " V]: row i the next-token logits after prompt + continuation[:i] (teacher-forced, speculation off), before"
+        " any logit bias, penalty, temperature or filter. CTRL-CONTRACT computes the contract's processed law from"
+        " them; without it the additive controls are derived from target_distributions and repetition_penalty skips",
+    )
     truncated_laws: int | None = Field(
         None, ge=1,
         description="target_distributions gives only the top N probabilities of each row (zeros elsewhere; the row"

@@ -52,6 +52,9 @@ class Profile:
     # first failing example is reported as found, and shrinking one against a
     # real backend cost minutes (76-288 s on an expected failure, mlx-lm).
     shrink: bool = True
+    # CTRL-CONTRACT (mtpcheck/suite/test_controls.py): fixture prompts per sampling
+    # control, the most repetitive first (penalties act on repeated tokens)
+    control_prompts: int = 2
 
     def hypothesis_phases(self) -> tuple:
         """Phases for the suite's @settings: those of the loaded hypothesis
@@ -68,9 +71,9 @@ PROFILES = {
     "ci": Profile("ci", dist_runs=40, dist_tokens=48, greedy_tokens=40, hypothesis_examples=10, trace_runs=6,
                   context_pilot=20, context_runs=200, shrink=False),
     "dev": Profile("dev", dist_runs=80, dist_tokens=48, greedy_tokens=64, hypothesis_examples=25, trace_runs=12,
-                   context_pilot=100, context_runs=1400),
+                   context_pilot=100, context_runs=1400, control_prompts=4),
     "thorough": Profile("thorough", dist_runs=300, dist_tokens=64, greedy_tokens=128, hypothesis_examples=100, trace_runs=40,
-                        context_pilot=200, context_runs=12000),
+                        context_pilot=200, context_runs=12000, control_prompts=8),
 }
 
 
@@ -189,6 +192,22 @@ class Guarded:
             raise
         except Exception as exc:
             raise BackendRaised(f"generate_stream() raised {type(exc).__name__}: {exc}") from exc
+
+    def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """Capability raw_logits: the target's unprocessed logits at every
+        teacher-forced position, float64 [len(continuation), V], finite."""
+        raw = self._call("target_logits", list(prompt), list(continuation))
+        V = self.capabilities().vocab_size
+        try:
+            x = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise BackendGarbage(f"target_logits() returned a non-numeric {type(raw).__name__}") from exc
+        if x.shape != (len(continuation), V):
+            raise BackendGarbage(f"target_logits() shape {x.shape}, expected {(len(continuation), V)}")
+        if not np.all(np.isfinite(x)):
+            bad = np.argwhere(~np.isfinite(x))[:3].tolist()
+            raise BackendGarbage(f"target_logits() holds non-finite logits (row, token) {bad}")
+        return x
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         raw = self._call("target_distributions", list(prompt), list(continuation), sampling)

@@ -25,6 +25,9 @@ class _Wrapper:
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)
 
+    def target_logits(self, prompt, continuation):
+        return self.inner.target_logits(prompt, continuation)
+
 
 class Raising(_Wrapper):
     def generate(self, req):
