@@ -205,6 +205,19 @@ ZOO: list[Mutant] = [
            ("REPORT-NO-SILENT-FALLBACK",), _zoo("ignores_require_acceleration")),
     Mutant("drops-penalties", "B16", "speculates with penalties and logit bias, and drops them",
            ("REPORT-NO-SILENT-FALLBACK",), _zoo("drops_penalties")),
+    Mutant("penalty-history-without-prompt", "B16", "speculates with penalties; both paths leave the prompt out of "
+           "the penalty history (mlx-lm 0.31.2)", ("CTRL-CONTRACT",),
+           _zoo("penalty_history_without_prompt", drops=("speculative", "plain")), scope="backend", base="mlx",
+           needs="an output that repeats its own tokens: the toy's random greedy output repeats none in 24 tokens, so "
+                 "penalties over the output alone change nothing there and REPORT-NO-SILENT-FALLBACK calls them "
+                 "dropped; on the trained fixture they act, and the old clauses pass it, as they passed mlx-lm 0.31.2"),
+    Mutant("plain-penalty-history-without-prompt", "B16", "speculates with penalties; the plain path leaves the "
+           "prompt out of the penalty history (mlx-lm 0.31.1)", ("CTRL-CONTRACT", "REPORT-NO-SILENT-FALLBACK"),
+           _zoo("penalty_history_without_prompt", drops=("plain",)), scope="backend"),
+    Mutant("speculative-penalty-history-without-prompt", "B16", "speculates with penalties; the speculative path "
+           "leaves the prompt out of the penalty history (mlx-lm 0.32.2, L1)",
+           ("CTRL-CONTRACT", "REPORT-NO-SILENT-FALLBACK"),
+           _zoo("penalty_history_without_prompt", drops=("speculative",)), scope="backend"),
     Mutant("fallback-reported-as-used", "B16", "drafter silently not started; target-only output reported as speculative",
            ("REPORT-HONEST", "REPORT-DEPTH"), _zoo("fallback_reported_as_used")),
     Mutant("unreported-fallback", "B16", "drafter silently not started; used=false without a reason",

@@ -750,6 +750,63 @@ class StickyOverride(Engine):
         return p
 
 
+HISTORY_PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+class PenaltyHistoryWithoutPrompt(Engine):
+    """Speculates with penalties and logit bias, honouring them as the engine
+    can (every verified row is processed at its own history: exact at any
+    depth), but on the paths named in `drops` the penalty history starts after
+    the prompt: only the output so far is penalised. mlx-lm 0.32.2's
+    speculative step (docs/backends/mlx-lm.md, L1), 0.31.1's plain one, and
+    0.31.2's both. The logit bias needs no history and stays right."""
+
+    drops: tuple[str, ...] = ("speculative", "plain")
+    penalty_from = 0  # history index the penalties start at in the round being verified
+
+    def plan(self, req):  # penalties and logit bias no longer block speculation
+        return super().plan(req.model_copy(update={"sampling": _without_penalties(req.sampling)}))
+
+    def _drops(self, st) -> bool:
+        return ("speculative" if st.plan.used else "plain") in self.drops
+
+    def prefill(self, st):
+        if not self._drops(st):
+            return super().prefill(st)
+        # no output yet: a history without the prompt is empty, and the penalties act on nothing
+        real = st.req
+        st.req = real.model_copy(update={"sampling": real.sampling.model_copy(update=dict.fromkeys(HISTORY_PENALTIES))})
+        try:
+            super().prefill(st)
+        finally:
+            st.req = real
+
+    def verify(self, st):
+        self.penalty_from = len(st.req.prompt_tokens) if self._drops(st) else 0
+        super().verify(st)
+
+    def _verify(self, history, cache, block, sp, seed, cursor):
+        # history[-1] (the pending token, the verify pass's first input) is output, never prompt
+        return super()._verify(history[self.penalty_from :], cache, block, sp, seed, cursor)
+
+
+def penalty_history_without_prompt(backend, drops: tuple[str, ...] = ("speculative", "plain")):
+    """The engine speculates with penalties and logit bias and the backend
+    declares them honoured (speculative_sampling_controls); `drops` names the
+    paths whose penalty history leaves out the prompt (() : none, the honest
+    engine that speculates with penalties)."""
+    become(backend.engine, PenaltyHistoryWithoutPrompt)
+    backend.engine.drops = tuple(drops)
+    declared = backend.capabilities
+
+    def capabilities():
+        caps = declared()
+        return caps.model_copy(update={"speculative_sampling_controls": [*caps.speculative_sampling_controls,
+                                                                         *PENALTIES]})
+
+    backend.capabilities = capabilities
+
+
 def ignores_require_acceleration(engine):
     become(engine, IgnoresRequireAcceleration)
 
