@@ -94,7 +94,7 @@ NOTES: dict[str, str] = {
     "SpeculationReport.drafter": "the drafter that ran ('mtp', 'assistant' or a path), None when none did",
     "SpeculationReport.num_draft_tokens": "the depth that ran (proposals per round); 0 when not used; never above "
     "max_depth",
-    "SpeculationReport.draft_kind": "'mtp' (embedded heads) or 'assistant'",
+    "SpeculationReport.draft_kind": "'mtp' (embedded heads), 'assistant', or 'model_free' (n-gram, prompt lookup)",
     "SpeculationReport.runtime": "your runtime's name and version",
     "SpeculationReport.acceptance_rule": "the rule that decided acceptance, as in Capabilities",
     "SpeculationReport.rounds": "verification rounds; a round that drafted nothing (the budget left room for one token "
@@ -144,7 +144,7 @@ NOTES: dict[str, str] = {
     "Capabilities.version": "runtime version, shown in the report header",
     "Capabilities.vocab_size": "V: token ids are in [0, V); laws are [V]",
     "Capabilities.eos_token_ids": "the ids stop_token_ids=None stops on",
-    "Capabilities.mtp_kinds": "drafters it can run: 'embedded' MTP heads, an external 'assistant'. Empty: it cannot "
+    "Capabilities.mtp_kinds": "drafters it can run: 'embedded' MTP heads, an external 'assistant', a 'model_free' drafter (n-gram, prompt lookup: clauses about an assistant or MTP heads skip by name). Empty: it cannot "
     "speculate, and every speculative clause skips saying so",
     "Capabilities.max_depth": "largest num_draft_tokens it runs; 0 (the default): it cannot speculate, the "
     "speculative clauses skip and the suite builds no speculative request. A speculating backend is asked once "

@@ -110,7 +110,7 @@ class SpeculationReport(_Strict):
     mode: Literal["native_mtp", "off"]
     drafter: str | None = None
     num_draft_tokens: int = 0
-    draft_kind: Literal["mtp", "assistant"] | None = None
+    draft_kind: Literal["mtp", "assistant", "model_free"] | None = None
     runtime: str
     acceptance_rule: str | None = None
     reason: SpeculationReason | None = Field(None, description="named reason whenever used is False")
@@ -207,8 +207,14 @@ class Capabilities(_Strict):
     version: str
     vocab_size: int = Field(..., ge=2)
     eos_token_ids: list[int] = Field(default_factory=list)
-    mtp_kinds: list[Literal["embedded", "assistant"]] = Field(default_factory=list)
+    mtp_kinds: list[Literal["embedded", "assistant", "model_free"]] = Field(default_factory=list)
     max_depth: int = Field(0, ge=0)
+    drafting: Literal["fixed", "up_to_k"] = Field(
+        "fixed",
+        description="fixed: every round drafts min(depth, room) proposals; up_to_k: a round drafts 0..depth"
+        " (n-gram / prompt-lookup drafters that find no match, confidence thresholds). REPORT-DEPTH checks what the"
+        " policy promises: never more than the depth, exactly min(depth, room) where fixed",
+    )
     depths: list[int] | None = Field(
         None,
         description="the only depths a request may ask for, when the runtime fixes its depth at launch (vLLM, SGLang, "
@@ -225,6 +231,11 @@ class Capabilities(_Strict):
     position_addressed_target_sampling: bool = False
     speculative_sampling_controls: list[str] = Field(
         default_factory=lambda: ["temperature"], description="controls honoured with speculation on"
+    )
+    unsupported_controls: list[str] = Field(
+        default_factory=list,
+        description="sampling controls the runtime cannot do at all, on either path (transformers has no presence /"
+        " frequency penalty; an API without logit_bias): the items that need one skip, naming it",
     )
     target_distributions: bool = False
     raw_logits: bool = Field(

@@ -26,19 +26,36 @@ def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture):
         f"reason={off.reason!r}, message={off.message!r} with speculation off, expected 'not_requested' and words")
 
 
-# strong enough that honouring them visibly changes greedy output
-CONTROLS = [{"repetition_penalty": 2.0}, {"presence_penalty": 3.0}, {"frequency_penalty": 3.0}, {"logit_bias": {5: 100.0}}]
+# strong enough that honouring them visibly changes greedy output, and inside the
+# ranges APIs accept (OpenAI's penalties: [-2, 2]; vLLM refuses 3.0 with HTTP 400)
+CONTROLS = [{"repetition_penalty": 2.0}, {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}, {"logit_bias": {5: 100.0}}]
+CONTROL_PROMPTS = 4  # fixture prompts tried for one on which the control changes the target-only output
+CONTROL_TOKENS = 24
+
+
+def control_prompt(backend, fixture: dict, sp: SamplingParams, name: str):
+    """The first fixture prompt on which the control changes greedy target-only
+    output, with (off, plain); skips when none does: a control that changes
+    nothing cannot show whether speculation honours it (CTRL-CONTRACT judges
+    the target path against the contract's law)."""
+    for prompt in list(fixture.values())[:CONTROL_PROMPTS]:
+        off = backend.generate(request(prompt, CONTROL_TOKENS, sp, False))
+        plain = backend.generate(request(prompt, CONTROL_TOKENS, SamplingParams(temperature=0.0), False))
+        if off.tokens != plain.tokens:
+            return prompt, off, plain
+    pytest.skip(f"{name} changed the target-only greedy output on none of {CONTROL_PROMPTS} fixture prompts "
+                f"({CONTROL_TOKENS} tokens): nothing to compare speculation with (CTRL-CONTRACT checks the law)")
 
 
 @pytest.mark.contract("REPORT-NO-SILENT-FALLBACK")
 @pytest.mark.parametrize("control", CONTROLS, ids=lambda c: next(iter(c)))
 def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabilities, mtp_fixture, control):
-    prompt = next(iter(mtp_fixture.values()))
     name = next(iter(control))
+    if name in mtp_capabilities.unsupported_controls:
+        pytest.skip(f"backend declares {name} unsupported on either path (unsupported_controls)")
     sp = SamplingParams(temperature=0.0, **control)
-    on = mtp_backend.generate(request(prompt, 24, sp, spec_for(mtp_capabilities)))
-    off = mtp_backend.generate(request(prompt, 24, sp, False))
-    plain = mtp_backend.generate(request(prompt, 24, SamplingParams(temperature=0.0), False))
+    prompt, off, plain = control_prompt(mtp_backend, mtp_fixture, sp, name)
+    on = mtp_backend.generate(request(prompt, CONTROL_TOKENS, sp, spec_for(mtp_capabilities)))
     if not on.speculation.used:
         s = on.speculation
         assert s.reason == "sampling_control_unsupported", (
@@ -48,8 +65,7 @@ def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabi
     elif name not in mtp_capabilities.speculative_sampling_controls:
         pytest.fail(f"speculated with {name} that the backend does not declare it honours")
     assert on.tokens == off.tokens, f"with {name}, speculative output differs from target-only output"
-    assert off.tokens != plain.tokens, f"{name} changed nothing: the control was dropped"
     if not on.speculation.used:
         with pytest.raises(SpeculationUnavailableError):
-            mtp_backend.generate(request(prompt, 24, sp, spec_for(mtp_capabilities, require_acceleration=True)),
+            mtp_backend.generate(request(prompt, CONTROL_TOKENS, sp, spec_for(mtp_capabilities, require_acceleration=True)),
                                  expect=(SpeculationUnavailableError,))

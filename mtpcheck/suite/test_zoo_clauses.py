@@ -13,16 +13,20 @@ FRESH_ROUNDS = 8  # rounds re-drafted from a fresh request per generation
 
 
 def depth_problems(res: GenerationResult, req: GenerationRequest, depth: int,
-                   first_token_from_prefill: bool = True) -> list[str]:
-    """REPORT-DEPTH: each round drafts min(depth, room) <= d <= depth proposals."""
+                   first_token_from_prefill: bool = True, drafting: str = "fixed") -> list[str]:
+    """REPORT-DEPTH: each round drafts min(depth, room) <= d <= depth proposals
+    (drafting="fixed"), or 0 <= d <= depth for a drafter that may find nothing
+    to propose (drafting="up_to_k": n-gram, prompt lookup, confidence thresholds)."""
     s = res.speculation
     if not s.used:
         return []
     out = [] if s.num_draft_tokens == depth else [f"num_draft_tokens={s.num_draft_tokens}, requested {depth}"]
     emitted = int(first_token_from_prefill)  # the prefill token, on the schedules that have one
     for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
-        want = min(depth, req.max_tokens - emitted - 1)
-        if not want <= d <= depth:
+        room = min(depth, req.max_tokens - emitted - 1)
+        low = room if drafting == "fixed" else 0  # never more than the depth, under either policy
+        if not low <= d <= depth:
+            want = f"{room}" if drafting == "fixed" else f"0..{depth} (drafting={drafting})"
             out.append(f"round {r}: drafted {d} proposals, expected {want} (depth {depth}, {emitted} tokens emitted "
                        f"of {req.max_tokens})")
         emitted += a + 1
@@ -42,7 +46,8 @@ def test_rounds_draft_the_depth_asked_for(mtp_backend, mtp_capabilities, mtp_fix
             res = mtp_backend.generate(req)
             rounds += res.speculation.rounds
             problems += [f"prompt {i}, T={temperature}: {p}"
-                         for p in depth_problems(res, req, depth, mtp_capabilities.first_token_from_prefill)]
+                         for p in depth_problems(res, req, depth, mtp_capabilities.first_token_from_prefill,
+                                                 mtp_capabilities.drafting)]
     assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
     assert rounds, "speculation never ran a round"
 
