@@ -61,3 +61,15 @@ def test_generate_on_the_fixture(capsys):
 def test_generate_require_acceleration_with_a_penalty_exits_2(capsys):
     code, _, err = run(capsys, "generate", "--prompt", "id,", "--repetition-penalty", "1.3", "--require-acceleration")
     assert code == 2 and "sampling_control_unsupported" in err
+
+
+def test_the_command_line_does_not_import_syrupy_before_pytest():
+    """`mtpcheck run` builds its parser (golden's subcommand among them) before
+    pytest.main: a syrupy imported then drew a PytestAssertRewriteWarning in every
+    main-job output."""
+    import subprocess
+    import sys
+
+    code = "import sys, mtpcheck.cli as c; c.build_parser(); print('syrupy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

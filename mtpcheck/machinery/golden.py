@@ -10,7 +10,7 @@ declare their fields).
 
 Pieces, for syrupy:
 
-* :class:`GoldenExtension` (through :func:`golden_extension`): the amber
+* ``golden_ext.GoldenExtension`` (through :func:`golden_extension`): the amber
   storage rooted at ``golden/<backend>/``, the serializer (:func:`serialize`),
   the comparator (:func:`compare`: tokens, ints, strings and booleans
   exactly; floats within ``|a - b| <= ABS_TOL + REL_TOL * |golden|``), and a
@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from syrupy.extensions.amber import AmberSnapshotExtension
 
 from mtpcheck.contracts import GenerationRequest, GenerationResult, SamplingParams
 
@@ -371,40 +370,7 @@ def token_diff(now: Any, golden: Any, name: str = "") -> list[str]:
     return lines
 
 
-class GoldenExtension(AmberSnapshotExtension):
-    """syrupy extension: amber files under ``<root>/<backend>/``, JSON entries,
-    tolerant comparison, token-level diff. Use :func:`golden_extension` to get
-    the class for one backend and one root."""
-
-    root: Path = Path("golden")
-    backend: str = "default"
-
-    @classmethod
-    def dirname(cls, *, test_location) -> str:
-        return str(Path(cls.root) / cls.backend)
-
-    @classmethod
-    def discovery_dirname(cls, *, test_location) -> str:
-        # the whole golden root: a folder of a backend no test names any more
-        # is found, and its entries fail the run as unused
-        return str(Path(cls.root))
-
-    def serialize(self, data: Any, *, exclude=None, include=None, matcher=None) -> str:
-        return serialize(data, exclude=exclude, include=include, matcher=matcher)
-
-    def matches(self, *, serialized_data: Any, snapshot_data: Any) -> bool:
-        now, golden = _parse(serialized_data), _parse(snapshot_data)
-        if now is None or golden is None:
-            return serialized_data == snapshot_data
-        return not compare(now, golden)
-
-    def diff_lines(self, serialized_data: Any, snapshot_data: Any):
-        yield from token_diff(serialized_data, snapshot_data)
-        yield f"  golden file: {Path(self.root) / self.backend}; accept the change with " \
-              f"`mtpcheck golden update --backend {self.backend}`"
-
-
-_EXTENSIONS: dict[tuple[str, str], type[GoldenExtension]] = {}
+_EXTENSIONS: dict[tuple[str, str], type] = {}
 
 
 def default_root() -> Path:
@@ -413,14 +379,20 @@ def default_root() -> Path:
     return Path(env).resolve() if env else Path(__file__).resolve().parents[2] / "golden"
 
 
-def golden_extension(backend: str, root: str | Path | None = None) -> type[GoldenExtension]:
+def golden_extension(backend: str, root: str | Path | None = None) -> type:
     """The extension class storing this backend's goldens under ``<root>/<backend>/``
     (one class per pair, as syrupy groups collections by extension class)."""
+    # syrupy is imported here, not at module level: `mtpcheck run` imports this module for
+    # its parser before pytest starts, and pytest warns it cannot rewrite a plugin imported early
+    from mtpcheck.machinery.golden_ext import GoldenExtension
+
     root = Path(root).resolve() if root is not None else default_root()
     key = (backend, str(root))
     if key not in _EXTENSIONS:
         name = "GoldenExtension_" + "".join(c if c.isalnum() else "_" for c in backend)
-        _EXTENSIONS[key] = type(name, (GoldenExtension,), {"root": root, "backend": backend})
+        _EXTENSIONS[key] = type(name, (GoldenExtension,), {
+            "root": root, "backend": backend, "serialize_doc": staticmethod(serialize),
+            "parse_doc": staticmethod(_parse), "compare_docs": staticmethod(compare), "diff_docs": staticmethod(token_diff)})
     return _EXTENSIONS[key]
 
 
@@ -483,7 +455,6 @@ __all__ = [
     "GOLDEN_BACKENDS",
     "REL_TOL",
     "GoldenCase",
-    "GoldenExtension",
     "GoldenRecord",
     "add_parser",
     "compare",
