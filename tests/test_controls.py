@@ -257,3 +257,13 @@ def test_without_raw_logits_the_additive_controls_are_derived_and_repetition_ski
     assert outcome == "failed" and "deviating path: speculative;" in message
     outcome, message, _ = run_clause(WithoutRawLogits(toy, truncated_laws=8), "presence_penalty")
     assert outcome == "skipped" and "top 8 probabilities" in message
+
+
+def test_a_control_declared_unsupported_skips_its_items(toy):
+    backend = WithoutRawLogits(toy, raw_logits=True, unsupported_controls=["presence_penalty"])
+    backend.target_logits = toy.target_logits
+    for control in ("presence_penalty", "combined"):
+        outcome, message, _ = run_clause(backend, control)
+        assert outcome == "skipped" and message == ("backend declares presence_penalty unsupported on either path "
+                                                    "(unsupported_controls)"), message
+    assert run_clause(backend, "frequency_penalty")[0] == "passed"
