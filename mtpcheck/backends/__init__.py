@@ -18,6 +18,7 @@ BUILTINS: dict[str, str] = {
     "mlx-lm": "mtpcheck.backends.mlx_lm:load_mlx_lm",
     "llama-server": "mtpcheck.backends.llama_server:load_llama_server",
     "openai-http": "mtpcheck.backends.openai_http:load_openai_http",
+    "transformers": "mtpcheck.backends.transformers_backend:load_transformers",
 }
 ENTRY_POINT_GROUP = "mtpcheck.backends"
 
