@@ -82,7 +82,7 @@ def stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabili
     declares (`caps.first_token_from_prefill`): a target-only first token from
     the prefill, or none (round 0 emits the first token)."""
     s = res.speculation
-    out = []
+    out = finish_problems(res, req, caps)
     if not s.used:
         if s.rounds or s.drafted or s.accepted:
             out.append(f"used=False but rounds={s.rounds}, drafted={s.drafted}, accepted={s.accepted}")
@@ -117,6 +117,41 @@ def stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabili
                    f"(first_token_from_prefill={caps.first_token_from_prefill})")
     if s.bonus_tokens > s.rounds:
         out.append(f"bonus_tokens={s.bonus_tokens} > rounds={s.rounds}")
+    return out
+
+
+def finish_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
+    """STATS-CONSISTENT's finish rules: a budget that ended the request was
+    spent ("length" means max_tokens tokens), and "stop" without stop strings
+    means the last token is a stop token (the request's stop_token_ids, else
+    the backend's EOS ids; the suite's convention, STOP-IN-BLOCK's too, is that
+    the stop token is emitted)."""
+    out = []
+    if res.finish_reason == "length" and len(res.tokens) != req.max_tokens:
+        out.append(f"finish_reason='length' with {len(res.tokens)} tokens, max_tokens {req.max_tokens}: "
+                   "a budget that ended the request must have been spent")
+    stops = set(caps.eos_token_ids if req.stop_token_ids is None else req.stop_token_ids)
+    if res.finish_reason == "stop" and not req.stop and stops and res.tokens and res.tokens[-1] not in stops:
+        out.append(f"finish_reason='stop' but the last token {res.tokens[-1]} is no stop token "
+                   f"({sorted(stops)[:8]}) and the request has no stop string")
+    return out
+
+
+def honesty_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
+    """REPORT-HONEST: used=True says speculation ran. Under a fixed drafting
+    policy every round with room drafts; a round that drafted nothing with
+    room left is plain decoding reported as speculation, unless the report
+    says speculation was switched off (adaptive_disabled, with words)."""
+    s = res.speculation
+    if not s.used or caps.drafting != "fixed" or (s.adaptive_disabled and s.message):
+        return []
+    out, emitted = [], int(caps.first_token_from_prefill)
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        room = min(max(s.num_draft_tokens, 1), req.max_tokens - emitted - 1)
+        if d == 0 and room >= 1:
+            out.append(f"round {r}: drafted nothing with room for {room} (after {emitted} of {req.max_tokens} "
+                       "tokens) while the report says used=True and not adaptive_disabled")
+        emitted += a + 1
     return out
 
 

@@ -1,18 +1,32 @@
 import pytest
 
 from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
+from mtpcheck.machinery.checks import honesty_problems
 from mtpcheck.machinery.configs import request, spec_for
 
 REASONS = {"not_requested", "sampling_control_unsupported", "drafter_unavailable",
            "depth_exceeds_capability", "adaptive_disabled"}
 
 
+HONEST_PROMPTS = 3  # fixture prompts x (T=0, T=1) whose rounds REPORT-HONEST reads
+
+
 @pytest.mark.contract("REPORT-HONEST")
-def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture):
+def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed):
     prompt = next(iter(mtp_fixture.values()))
     sp = SamplingParams(temperature=0.0)
-    on = mtp_backend.generate(request(prompt, 16, sp, spec_for(mtp_capabilities), stop_token_ids=[])).speculation
+    first = mtp_backend.generate(request(prompt, 16, sp, spec_for(mtp_capabilities), stop_token_ids=[]))
+    on = first.speculation
     assert on.requested and on.mode == "native_mtp"
+    # used=True means speculation ran in every round that had room (a fallback to plain decoding says so)
+    problems = []
+    for i, p in enumerate(list(mtp_fixture.values())[:HONEST_PROMPTS]):
+        for t in (0.0, 1.0):
+            req = request(p, 32, SamplingParams(temperature=t, seed=mtp_seed + i), spec_for(mtp_capabilities),
+                          stop_token_ids=[])
+            problems += [f"prompt {i}, T={t}: {x}" for x in honesty_problems(mtp_backend.generate(req), req,
+                                                                              mtp_capabilities)]
+    assert not problems, f"{len(problems)} rounds reported as speculation that drafted nothing, first: {problems[:3]}"
     if on.used:
         assert on.rounds >= 1 and on.drafted >= 1, f"drafted={on.drafted}, rounds={on.rounds} with used=True"
         assert on.reason is None, f"reason={on.reason!r} with used=True"

@@ -1,0 +1,59 @@
+"""Issue 24, items 3 and 4 on synthetic results: STATS-CONSISTENT's finish
+rules (a "length" finish spent the budget, a "stop" finish ends on a stop
+token) and REPORT-HONEST's (used=True means every round with room drafted)."""
+
+from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SpeculationReport
+from mtpcheck.machinery.checks import finish_problems, honesty_problems, stats_problems
+
+CAPS = Capabilities(name="t", version="0", vocab_size=16, eos_token_ids=[0], mtp_kinds=["embedded"], max_depth=3,
+                    first_token_from_prefill=True)
+
+
+def result(tokens, finish, draft_lens=(), accept_lens=(), **report):
+    s = SpeculationReport(requested=True, used=bool(draft_lens), mode="native_mtp", num_draft_tokens=3, runtime="t",
+                          rounds=len(draft_lens), drafted=sum(draft_lens), accepted=sum(accept_lens),
+                          draft_lens=list(draft_lens), accept_lens=list(accept_lens),
+                          acceptance_rate=sum(accept_lens) / sum(draft_lens) if sum(draft_lens) else None, **report)
+    return GenerationResult(tokens=list(tokens), text="", finish_reason=finish, speculation=s)
+
+
+def test_a_length_finish_spent_the_budget():
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=8)
+    assert finish_problems(result([5] * 8, "length"), req, CAPS) == []
+    short = finish_problems(result([5] * 6, "length"), req, CAPS)
+    assert short and "finish_reason='length' with 6 tokens, max_tokens 8" in short[0]
+    # and STATS-CONSISTENT reports it, with or without speculation
+    assert stats_problems(result([5] * 6, "length"), req, CAPS) == short
+    spec = result([5] * 6, "length", draft_lens=[3, 3], accept_lens=[1, 2])  # 1 + 3 accepted + 2 rounds = 6
+    assert any("finish_reason='length'" in p for p in stats_problems(spec, req, CAPS))
+
+
+def test_a_stop_finish_ends_on_a_stop_token():
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=8)
+    assert finish_problems(result([5, 5, 0], "stop"), req, CAPS) == []  # the backend's EOS
+    wrong = finish_problems(result([5, 5, 4], "stop"), req, CAPS)
+    assert wrong and "last token 4 is no stop token ([0])" in wrong[0]
+    own = req.model_copy(update={"stop_token_ids": [4]})
+    assert finish_problems(result([5, 5, 4], "stop"), own, CAPS) == []
+    strings = req.model_copy(update={"stop": ["\n"]})  # a stop string ends wherever its text does
+    assert finish_problems(result([5, 5, 4], "stop"), strings, CAPS) == []
+
+
+def test_used_means_every_round_with_room_drafted():
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=12)
+    honest = result([5] * 12, "length", draft_lens=[3, 3, 3], accept_lens=[3, 1, 2])
+    assert honesty_problems(honest, req, CAPS) == []
+    # speculation in round 0, then plain decoding reported as 0-draft rounds
+    fallback = result([5] * 8, "length", draft_lens=[3, 0, 0, 0], accept_lens=[3, 0, 0, 0])
+    req8 = GenerationRequest(prompt_tokens=[1], max_tokens=8)
+    problems = honesty_problems(fallback, req8, CAPS)
+    assert [p.split(":")[0] for p in problems] == ["round 1", "round 2"], problems  # round 3: no room (7 of 8)
+    # the report that says so is honest
+    said = result([5] * 8, "length", draft_lens=[3, 0, 0, 0], accept_lens=[3, 0, 0, 0], adaptive_disabled=True,
+                  message="acceptance fell below 0.1: speculation off after round 0")
+    assert honesty_problems(said, req8, CAPS) == []
+    # a drafter that may find nothing (n-gram) is not held to it
+    assert honesty_problems(fallback, req8, CAPS.model_copy(update={"drafting": "up_to_k"})) == []
+    # the last round has no room: drafting nothing there is no fallback
+    end = result([5] * 5, "length", draft_lens=[3, 0], accept_lens=[3, 0])
+    assert honesty_problems(end, GenerationRequest(prompt_tokens=[1], max_tokens=5), CAPS) == []
