@@ -161,10 +161,10 @@ class PlainPath:
         cache = DynamicCache(config=self.model.config)
         rows = []
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([list(prompt)]), past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=torch.tensor([list(prompt)]), cache=cache, use_cache=True)
             rows.append(out.logits[0, -1].float())
             for tok in key[P:]:
-                out = self.model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+                out = self.model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
                 rows.append(out.logits[0, -1].float())
         arr = torch.stack(rows).numpy().astype(np.float64)
         if len(self.memo) >= self.size:
@@ -293,8 +293,11 @@ class TransformersBackend(LibraryBackend):
         eos = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         kw.update(max_new_tokens=request.max_tokens, eos_token_id=eos or None, pad_token_id=self.pad_id,
                   return_dict_in_generate=True, output_scores=True)
-        if request.stop:
-            kw.update(stop_strings=list(request.stop), tokenizer=self.tokenizer)
+        if request.stop:  # generate(stop_strings=...) raises with an assistant (T1): the public criterion instead
+            from transformers import StoppingCriteriaList, StopStringCriteria
+
+            kw["stopping_criteria"] = StoppingCriteriaList([StopStringCriteria(tokenizer=self.tokenizer,
+                                                                               stop_strings=list(request.stop))])
         rec = Recorder()
         if used and self.config == "assistant":
             self.assistant.generation_config.num_assistant_tokens = depth
