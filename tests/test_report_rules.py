@@ -57,3 +57,24 @@ def test_used_means_every_round_with_room_drafted():
     # the last round has no room: drafting nothing there is no fallback
     end = result([5] * 5, "length", draft_lens=[3, 0], accept_lens=[3, 0])
     assert honesty_problems(end, GenerationRequest(prompt_tokens=[1], max_tokens=5), CAPS) == []
+
+
+def test_history_dependence_is_named_by_seed_history_not_blamed_on_the_stream(tmp_path):
+    """Issue 24, item 6: a runtime whose output depends on the request before
+    it (zoo: previous-seed-mixed). STREAM-COMMIT-ONLY used to compare a stream
+    served after another request with a generate() served after the same one,
+    and blamed the stream; now the stream and the call it is held to follow
+    the same request, and SEED-HISTORY names the bug."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "-q",
+                    "--mtp-backend=mtpcheck.mutants:load_mutant", "--mtp-backend-option", "name=previous-seed-mixed",
+                    "--mtp-clauses=STREAM-COMMIT-ONLY,SEED-HISTORY", f"--mtp-json={report}"],
+                   cwd=tmp_path, env={**os.environ, "MLX_DISABLE_COMPILE": "1"}, capture_output=True, timeout=600)
+    clauses = json.loads(report.read_text())["clauses"]
+    assert clauses["SEED-HISTORY"]["outcome"] == "failed"
+    assert clauses["STREAM-COMMIT-ONLY"]["outcome"] in ("passed", "skipped"), clauses["STREAM-COMMIT-ONLY"]["notes"]

@@ -889,3 +889,42 @@ def starving_scheduler(backend):
         return LowestIdFirst(backend.engine, SchedulerOptions(lookahead=lookahead, adaptive_after=adaptive_after))
 
     backend.open_scheduler = open_scheduler
+
+
+# -- issue 24: the whole rule of a black-box clause ---------------------------------------------
+
+
+class BudgetOneShort(Engine):
+    """B11: the budget check is off by one: a request ends one token before
+    max_tokens and reports finish_reason 'length' (statistics agree with the
+    tokens it did emit)."""
+
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        if req.max_tokens > 1:
+            st.req = st.req.model_copy(update={"max_tokens": req.max_tokens - 1})
+        return st
+
+
+def budget_one_short(engine):
+    become(engine, BudgetOneShort)
+
+
+class PreviousSeedMixed(Engine):
+    """B12: the target's random key mixes in the previous seeded request's
+    seed (a per-runtime generator re-seeded lazily): a request repeated back
+    to back repeats, the same request after another one does not."""
+
+    previous_seed: int | None = None
+
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        if req.sampling.seed is not None:
+            prev, self.previous_seed = self.previous_seed, req.sampling.seed
+            if prev is not None and prev != req.sampling.seed:
+                st.seed = (st.seed * 1_000_003 + prev) % (1 << 63)
+        return st
+
+
+def previous_seed_mixed(engine):
+    become(engine, PreviousSeedMixed)
