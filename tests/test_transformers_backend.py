@@ -155,12 +155,39 @@ def test_logprobs_are_the_ground_truths(tf, prompts):
     assert np.max(np.abs(np.array(res.logprobs) - want)) < 1e-4
 
 
-def test_stop_string_cuts_the_output(tf, prompts):
-    prompt = next(iter(prompts.values()))
-    plain = tf.generate(req(prompt, 24, spec=False))
-    text = tf.decode(plain.tokens)
-    stop = text[8:11]
-    res = tf.generate(req(prompt, 24, spec={"mode": "native_mtp", "num_draft_tokens": 4}, stop=[stop]))
-    assert res.text == text[: text.find(stop)] and res.finish_reason == "stop"
-    s = res.speculation  # rounds after the stop are not counted; only the last block may be cut
-    assert 0 <= s.accepted + s.rounds - len(res.tokens) <= s.accept_lens[-1]
+PROMPT_TEXT = "id,name,city,score\n1,grace,oslo,17\n2,victor,lima,88\n3,"
+
+
+def test_t1_stop_strings_with_an_assistant_raise(tf):
+    """T1 (docs/backends/transformers.md): generate(stop_strings=..., tokenizer=...)
+    works on the plain path and with prompt lookup, raises with an assistant
+    (the assistant's own generate call gets the stop strings, not the tokenizer)."""
+    import torch
+
+    ids = torch.tensor([tf.encode(PROMPT_TEXT)])
+    kw = dict(max_new_tokens=8, do_sample=False, stop_strings=[","], tokenizer=tf.tokenizer, pad_token_id=tf.pad_id)
+    tf.model.generate(ids, **kw)
+    tf.model.generate(ids, prompt_lookup_num_tokens=3, **kw)
+    with pytest.raises(ValueError, match="could not locate a tokenizer"):
+        tf.model.generate(ids, assistant_model=tf.assistant, **kw)
+
+
+def test_t2_the_assistant_runs_past_a_stop_string_inside_a_block(tf, pld):
+    """T2: assisted decoding checks StopStringCriteria after each round, on the end
+    of the sequence only: a stop string completed inside an accepted block is
+    missed. The adapter reports the library's tokens (after the StopEvent); the
+    text is cut before the stop as the contract has it. Prompt lookup stops."""
+    from mtpcheck.contracts import StopEvent, TokenEvent
+
+    prompt = tf.encode(PROMPT_TEXT)
+    plain = tf.generate(req(prompt, 24, spec=False, stop=[","]))
+    assert tf.decode(plain.tokens) == "carol," and plain.finish_reason == "stop"
+    res = tf.generate(req(prompt, 24, spec={"mode": "native_mtp", "num_draft_tokens": 4}, stop=[","]))
+    assert res.text == "carol" == plain.text and res.finish_reason == "stop"
+    assert res.tokens[: len(plain.tokens)] == plain.tokens and len(res.tokens) > len(plain.tokens)
+    at = next(i for i, e in enumerate(res.events) if isinstance(e, StopEvent))
+    assert [e.token for e in res.events[at:] if isinstance(e, TokenEvent)] == res.tokens[len(plain.tokens):]
+    s = res.speculation
+    assert len(res.tokens) == s.accepted + s.rounds  # every round the library ran is counted
+    lookup = pld.generate(req(prompt, 24, spec={"mode": "native_mtp", "num_draft_tokens": 4}, stop=[","]))
+    assert lookup.tokens == plain.tokens

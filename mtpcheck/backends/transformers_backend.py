@@ -34,10 +34,19 @@ library at the budget or an EOS id; the library's own count is then
 are what the library's candidate generator returned: the adapter wraps
 ``get_candidates`` of the generator ``_get_candidate_generator`` builds for the
 call (an instance attribute for the duration of one call; behaviour unchanged)
-and records ``candidate_length``. Rounds are trimmed to those that emitted a
-committed token (a stop string the project's matcher finds before the library
-stops). The first output token comes out of round 0 (the prefill forward
-verifies the first proposals): ``first_token_from_prefill=False``.
+and records ``candidate_length``. The first output token comes out of round 0
+(the prefill forward verifies the first proposals): ``first_token_from_prefill=False``.
+
+Stops and output. The library decides where the output ends: ``max_new_tokens``,
+``eos_token_id`` (the request's stop ids, or the model's EOS ids when None;
+none for ``[]``), and stop strings through the public
+``StoppingCriteriaList([StopStringCriteria(tokenizer, stop_strings)])``
+(``generate(stop_strings=...)`` raises ValueError with an assistant: T1). The
+result's tokens are every token ``generate`` returned. The project's stop matcher
+only publishes the text (cut before the first stop string, as the contract has
+it; transformers leaves it in) and marks the stop (StopEvent); tokens the
+library emitted after a stop (T2: assisted decoding checks stop strings only at
+the end of a round) are reported after the StopEvent, where the suite sees them.
 
 Ground truth: the plain path - the prompt in one prefill forward, then one token
 per forward through a ``DynamicCache`` - gives float32 raw logits
@@ -320,27 +329,28 @@ class TransformersBackend(LibraryBackend):
         if emitted != out.sequences[0, ids.shape[1]:].tolist():
             raise RuntimeError("transformers' streamer saw other tokens than generate returned")
         state = drive(iter(emitted), request, eos, self.decode)
-        n = len(state.tokens)
-        lps = self._logprobs(out.scores, emitted, sp)[:n]
+        tokens, events = list(state.tokens), list(state.events)
+        if len(emitted) > len(tokens):  # the library went on past a stop (T2): its tokens, after the StopEvent
+            from mtpcheck.contracts import TokenEvent
+
+            extra = [TokenEvent(index=len(tokens) + j, token=t) for j, t in enumerate(emitted[len(tokens):])]
+            events = events[:-1] + extra + events[-1:]
+            tokens = list(emitted)
+        lps = self._logprobs(out.scores, emitted, sp)
         accept_lens, draft_lens = [], []
         if used:
             if len(rec.drafts) != len(rounds):
                 raise RuntimeError(f"{len(rec.drafts)} candidate calls but {len(rounds)} rounds streamed")
-            seen = 0
-            for r, d in zip(rounds, rec.drafts, strict=True):
-                if seen >= n:
-                    break  # a round after the committed output (a stop the library did not see)
-                accept_lens.append(len(r) - 1)
-                draft_lens.append(d)
-                seen += len(r)
+            accept_lens = [len(r) - 1 for r in rounds]  # the library's count: n_matches + 1 tokens per round
+            draft_lens = list(rec.drafts)
         rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=self.own,
                      depth=depth, draft_kind="assistant" if self.config == "assistant" else "model_free",
                      runtime=self.runtime, reason=reason, message=message, accept_lens=accept_lens,
                      draft_lens=draft_lens)
         if used:
             rep = rep.model_copy(update={"acceptance_rule": self.capabilities().acceptance_rule})
-        return GenerationResult(tokens=state.tokens, text=state.text_published, finish_reason=state.finish_reason,
-                                logprobs=lps, events=state.events, speculation=rep, seed=seed)
+        return GenerationResult(tokens=tokens, text=state.text_published, finish_reason=state.finish_reason,
+                                logprobs=lps, events=events, speculation=rep, seed=seed)
 
     def _wrapped(self, rec: Recorder):
         original = type(self.model)._get_candidate_generator.__get__(self.model)
