@@ -203,3 +203,17 @@ def test_an_excused_token_leaves_its_context_and_others_still_fail():
     refused = ctx.context_draws(laws, draws, 1, excuse=lambda prompt, prefix, tok: False)
     r = context_gtest(refused["a"], alpha=1e-6)
     assert not r.passed and r.p_value == 0.0
+
+
+def test_an_empty_pilot_hands_its_alpha_to_the_targeted_stage():
+    """Issue 24, item 5: a pilot that tests nothing (n = 0: too few short
+    requests for two cells of the expected count) spends no alpha; the
+    targeted stage is then tested at twice the stage alpha. A pilot that
+    tests keeps its share."""
+    f = _Fake(seed=3)
+    empty = ctx.staged_test(f.sample, f.laws, list(f.prompts), 1, pilot=12, runs=600, alpha=1e-7, targets=1,
+                            pilot_min_expected=2.0)
+    assert empty.stages[0]["n"] == 0 and empty.stages[1]["stage"] == "targeted"
+    assert empty.stages[1]["alpha"] == 2e-7
+    full = ctx.staged_test(f.sample, f.laws, list(f.prompts), 1, pilot=100, runs=600, alpha=1e-7, targets=1)
+    assert full.stages[0]["n"] > 0 and full.stages[1]["alpha"] == 1e-7

@@ -129,12 +129,17 @@ def staged_test(sample: Callable[[dict[str, int]], list[Draw]], laws: Callable[[
                 escalate: int = 2, suspicious: float = 1e-3, pilot_min_expected: float = 5.0,
                 excuse: Callable[[list[int], list[int], int], bool] | None = None) -> Staged:
     """Pilot, targeted stage and escalation, each tested at `alpha` (the
-    caller gives each a third of its share). `sample(per_prompt)` draws fresh
-    short requests; `laws(prompt, continuation)` is target_distributions."""
+    caller gives each a third of its share). A pilot that tests nothing
+    (no context with two cells of the expected count: n = 0) cannot reject,
+    so it spends no alpha: its share goes to the targeted stage, tested at
+    2 * alpha (the targeted draws are fresh, so whatever the pilot saw, the
+    three stages' false alarms still add up to at most 3 * alpha).
+    `sample(per_prompt)` draws fresh short requests; `laws(prompt,
+    continuation)` is target_distributions."""
 
-    def test(draws):
+    def test(draws, level=alpha):
         groups = context_draws(laws, draws, first, excuse=excuse)
-        return groups, context_gtest([d for ds in groups.values() for d in ds], alpha=alpha)
+        return groups, context_gtest([d for ds in groups.values() for d in ds], alpha=level)
 
     out = Staged()
     pilot_draws = sample({name: pilot for name in prompts})
@@ -152,7 +157,7 @@ def staged_test(sample: Callable[[dict[str, int]], list[Draw]], laws: Callable[[
         return out
     out.targets = pick_targets(out.scores, targets)
     draws_b = sample(split(runs, out.targets))
-    _, b = test(draws_b)
+    _, b = test(draws_b, alpha if a.n else 2 * alpha)  # an empty pilot's share moves on
     out.stages.append({"stage": "targeted", "prompts": out.targets, "requests": len(draws_b), **brief(b)})
     if not b.passed:
         out.failed = ("targeted", b)
