@@ -19,6 +19,7 @@ BUILTINS: dict[str, str] = {
     "llama-server": "mtpcheck.backends.llama_server:load_llama_server",
     "openai-http": "mtpcheck.backends.openai_http:load_openai_http",
     "transformers": "mtpcheck.backends.transformers_backend:load_transformers",
+    "vllm": "mtpcheck.backends.vllm_server:load_vllm",
 }
 ENTRY_POINT_GROUP = "mtpcheck.backends"
 

@@ -134,16 +134,42 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux)
         pass
 
 
-def _stop(proc: subprocess.Popen, log) -> None:
-    """Stop one child by its PID: SIGTERM, then SIGKILL after 5 s."""
+def descendants(pid: int) -> list[int]:
+    """The PIDs of a process's children, grandchildren, ... (Linux /proc; [] elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                kids = [int(c) for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _stop(proc: subprocess.Popen, log, grace: float = 5.0) -> None:
+    """Stop one child by its PID: SIGTERM, then SIGKILL after `grace` s; then
+    the processes it had started (a server's engine workers), by their PIDs."""
+    kids = descendants(proc.pid) if proc.poll() is None else []
     try:
         if proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(5)
+                proc.wait(grace)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        for kid in kids:
+            try:
+                os.kill(kid, signal.SIGKILL)  # a worker its parent did not take down with it
+            except OSError:
+                pass
     finally:
         log.close()
         if os.environ.get("MTPCHECK_KEEP_SERVER_LOGS") is None:
@@ -157,9 +183,10 @@ class ServerProcess:
     """One server child process. `args` are the server's own arguments less
     ``--host``/``--port`` (added here)."""
 
-    def __init__(self, binary: str | Path, args: list[str], label: str, startup_timeout: float = 180.0):
+    def __init__(self, binary: str | Path, args: list[str], label: str, startup_timeout: float = 180.0,
+                 env: dict[str, str] | None = None, stop_grace: float = 5.0):
         self.binary, self.args, self.label = str(binary), list(args), label
-        self.startup_timeout = startup_timeout
+        self.startup_timeout, self.env, self.stop_grace = startup_timeout, env, stop_grace
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.log_path: str | None = None
@@ -186,6 +213,11 @@ class ServerProcess:
         raise last  # type: ignore[misc]
 
     def _start_once(self) -> ServerProcess:
+        return self.launch().wait_healthy()
+
+    def launch(self) -> ServerProcess:
+        """Start the process and return at once (:meth:`wait_healthy` waits for it):
+        several servers then start side by side."""
         self.port = free_port()
         log = tempfile.NamedTemporaryFile(prefix=f"mtpcheck-{self.label}-", suffix=".log", delete=False)
         self.log_path = log.name
@@ -196,8 +228,16 @@ class ServerProcess:
             # (the harness calls backends from worker threads, which end after each call)
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") and
             threading.current_thread() is threading.main_thread() else None,
+            env=None if self.env is None else {**os.environ, **self.env},
         )
-        self._finalizer = weakref.finalize(self, _stop, self.proc, log)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, log, self.stop_grace)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self) -> ServerProcess:
+        """Wait until ``GET /health`` answers 200 (ServerError if the process exits or the time runs out)."""
         client = Client(self.url, timeout=5.0)
         deadline = time.monotonic() + self.startup_timeout
         try:
@@ -251,3 +291,87 @@ def plain_path_laws(prompt: list[int], continuation: list[int], sampling, law, v
         hot[np.arange(len(out)), np.argmax(out, axis=1)] = 1.0
         return hot
     return out
+
+
+# -- vLLM's per-request speculation metrics (shared by the vllm backend and openai-http's vllm dialect)
+
+
+def vllm_steps(response: dict) -> list[tuple[int, int]] | None:
+    """(drafted, accepted) of each verify step, in order, from a vLLM completion
+    response's ``metrics.speculative_decoding`` (a server started with
+    ``--per-request-spec-decode-metrics detailed``). [] when the request ran no
+    step (its arrays are null then, e.g. max_tokens=1); None when the response
+    has no such block (the server runs without the flag or without speculation)."""
+    block = (response.get("metrics") or {}).get("speculative_decoding")
+    if block is None:
+        return None
+    drafted, accepted = block.get("per_step_drafted"), block.get("per_step_accepted")
+    if drafted is None and accepted is None:
+        if block.get("num_spec_steps"):
+            raise ServerError(f"{block['num_spec_steps']} speculative steps but no per-step arrays: start the server "
+                              "with --per-request-spec-decode-metrics detailed")
+        return []
+    if len(drafted or []) != len(accepted or []):
+        raise ServerError(f"per_step_drafted has {len(drafted or [])} entries, per_step_accepted {len(accepted or [])}")
+    return [(int(d), int(a)) for d, a in zip(drafted, accepted, strict=True)]
+
+
+def ngram_proposes(context: list[int], min_n: int) -> bool:
+    """Whether vLLM's n-gram proposer drafts anything after `context`: its
+    longest suffix match is at least `min_n` long, i.e. the last `min_n` tokens
+    occur earlier in the context (vllm/v1/spec_decode/ngram_proposer.py)."""
+    n = len(context)
+    if n < min_n + 1:
+        return False
+    tail = context[n - min_n :]
+    return any(context[i : i + min_n] == tail for i in range(n - min_n))
+
+
+def vllm_rounds(steps: list[tuple[int, int]], prompt: list[int], tokens: list[int],
+                ngram_min: int | None = None) -> tuple[list[tuple[int, int]], str | None]:
+    """The rounds (drafted, accepted) that emitted `tokens` after the prefill
+    token, and a note when they had to be guessed. vLLM records a step only
+    when it verified proposals, so a step that drafted nothing (an n-gram
+    drafter that found no match) is missing from its arrays. With
+    `ngram_min` (the server's ``prompt_lookup_min``) those steps are put back
+    where the n-gram proposer finds nothing after the tokens so far; without
+    it, or if that replay disagrees with the arrays, the missing steps go
+    first and the note says so. The last step may count proposals accepted
+    past a stop or the budget: :func:`kept_rounds` cuts them."""
+    implied = 1 + sum(a + 1 for _, a in steps)
+    if ngram_min is not None and tokens:
+        rounds, it, pos = [], iter(steps), 1
+        ok = True
+        while pos < len(tokens):
+            if ngram_proposes(list(prompt) + list(tokens[:pos]), ngram_min):
+                step = next(it, None)
+                if step is None:
+                    ok = False
+                    break
+                rounds.append(step)
+                pos += step[1] + 1
+            else:
+                rounds.append((0, 0))
+                pos += 1
+        if ok and next(it, None) is None:
+            return rounds, None
+    missing = max(0, len(tokens) - implied)
+    note = (f"{missing} step(s) without proposals are missing from vLLM's per-step arrays; reported first"
+            if missing else None)
+    return [(0, 0)] * missing + list(steps), note
+
+
+def kept_rounds(rounds: list[tuple[int, int]], committed: int, lead: int = 1) -> tuple[list[int], list[int]]:
+    """(accept_lens, draft_lens) of the rounds that produced `committed` tokens
+    (after `lead` prefill tokens), each emitting accepted + 1; the last one's
+    accepted count is cut to what it emitted (a stop or the budget inside its block)."""
+    acc, dr = [], []
+    emitted = lead
+    for d, a in rounds:
+        if emitted >= committed:
+            break
+        a = min(a, committed - emitted - 1)
+        acc.append(a)
+        dr.append(d)
+        emitted += a + 1
+    return acc, dr

@@ -1,0 +1,119 @@
+"""The vllm backend's pure parts (no vLLM needed): the request mapping, the
+rounds read from vLLM's per-request metrics (shared with openai-http's vllm
+dialect), the n-gram replay of steps vLLM does not record, and the
+speculation plan for controls vLLM refuses with speculation. The suite
+proper runs with ``pytest --pyargs mtpcheck.suite --mtp-backend=vllm``
+(docs/backends/vllm.md); the padded checkpoint it serves is proved in
+tests/test_hf_export.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtpcheck.backends.httpserver import (
+    ServerError,
+    kept_rounds,
+    ngram_proposes,
+    vllm_rounds,
+    vllm_steps,
+)
+from mtpcheck.contracts import GenerationRequest, SamplingParams, SpeculationUnavailableError
+
+
+def _resp(drafted, accepted, steps=None):
+    block = {"num_spec_steps": len(drafted or []) if steps is None else steps,
+             "per_step_drafted": drafted, "per_step_accepted": accepted}
+    return {"metrics": {"speculative_decoding": block}}
+
+
+def test_steps_come_from_the_per_step_arrays():
+    assert vllm_steps(_resp([3, 3, 3], [0, 2, 1])) == [(3, 0), (3, 2), (3, 1)]
+    assert vllm_steps(_resp(None, None, steps=0)) == []  # max_tokens=1: no step, arrays null
+    assert vllm_steps({"metrics": None}) is None  # the server runs without the flag
+    with pytest.raises(ServerError, match="detailed"):
+        vllm_steps(_resp(None, None, steps=4))  # summary level: counts without the arrays
+    with pytest.raises(ServerError, match="entries"):
+        vllm_steps(_resp([3, 3], [1]))
+
+
+def test_rounds_are_cut_to_the_tokens_emitted():
+    # 1 prefill token + (2+1) + (3+1): 8 tokens implied, 6 emitted (the budget cut the last block)
+    assert kept_rounds([(3, 2), (3, 3)], 6) == ([2, 1], [3, 3])
+    # a stop string cut the output after the first round: the second round is dropped
+    assert kept_rounds([(3, 2), (3, 3)], 4) == ([2], [3])
+    assert kept_rounds([(3, 2)], 1) == ([], [])  # only the prefill token was kept
+
+
+def test_ngram_rule_is_a_suffix_seen_before():
+    assert ngram_proposes([1, 2, 3, 1, 2], 2)  # [1, 2] occurs earlier
+    assert not ngram_proposes([1, 2, 3, 2, 1], 2)
+    assert not ngram_proposes([1, 2], 2)  # nothing before the suffix
+    assert ngram_proposes([7, 7, 7], 2)  # overlapping occurrence, as vLLM's KMP finds it
+
+
+def test_steps_without_proposals_are_replayed_where_the_ngram_finds_nothing():
+    prompt = [1, 2, 3]
+    # tokens: t0 from the prefill; context [1,2,3,9]: no match -> a 0-draft step emits 1;
+    # [1,2,3,9,1]: no match -> 0-draft step; [1,2,3,9,1,2]: [1,2] seen -> a recorded step (3 drafted, 2 accepted)
+    tokens = [9, 1, 2, 3, 9, 5]
+    rounds, note = vllm_rounds([(3, 2)], prompt, tokens, ngram_min=2)
+    assert rounds == [(0, 0), (0, 0), (3, 2)] and note is None
+    # without the n-gram rule (or when the replay disagrees) the missing steps go first, with a note
+    rounds, note = vllm_rounds([(3, 2)], prompt, tokens)
+    assert rounds == [(0, 0), (0, 0), (3, 2)] and "missing" in note
+
+
+def test_sampling_and_stops_are_vllms_fields():
+    from mtpcheck.backends.vllm_server import sampling_fields, stop_fields
+
+    sp = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, repetition_penalty=1.3,
+                        presence_penalty=0.5, frequency_penalty=0.25, logit_bias={7: -2.0, 3: 1.5}, seed=4)
+    f = sampling_fields(sp)
+    assert (f["temperature"], f["top_k"], f["top_p"], f["min_p"]) == (0.7, 5, 0.9, 0.1)
+    assert (f["repetition_penalty"], f["presence_penalty"], f["frequency_penalty"]) == (1.3, 0.5, 0.25)
+    assert f["logit_bias"] == {"3": 1.5, "7": -2.0}
+    assert sampling_fields(SamplingParams())["top_k"] == -1
+    mapped = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+              "frequency_penalty", "logit_bias", "seed"}
+    assert set(SamplingParams.model_fields) <= mapped, "a new contract field must be mapped or refused"
+    assert stop_fields(None, [0]) == {"ignore_eos": False, "stop_token_ids": []}
+    assert stop_fields([], [0]) == {"ignore_eos": True, "stop_token_ids": []}
+    assert stop_fields([5, 0], [0]) == {"ignore_eos": True, "stop_token_ids": [5, 0]}
+
+
+def _attached(**kw):
+    from mtpcheck.backends.vllm_server import load_vllm
+
+    return load_vllm(url="http://127.0.0.1:9", plain_url="http://127.0.0.1:8", vocab_size="512", **kw)
+
+
+@pytest.mark.parametrize("control", [{"min_p": 0.1}, {"logit_bias": {3: 1.0}}])
+def test_controls_vllm_refuses_with_speculation_are_served_plain_and_said(control):
+    b = _attached()
+    req = GenerationRequest(prompt_tokens=[1, 2], sampling=SamplingParams(temperature=1.0, **control),
+                            speculation=True)
+    _, used, _, reason, message = b.plan(req)
+    assert (used, reason) == (False, "sampling_control_unsupported") and next(iter(control)) in message
+    strict = GenerationRequest(prompt_tokens=[1, 2], sampling=req.sampling,
+                               speculation={"mode": "native_mtp", "require_acceleration": True})
+    with pytest.raises(SpeculationUnavailableError):
+        b.plan(strict)
+    assert b.plan(req.model_copy(update={"sampling": SamplingParams(presence_penalty=0.5)}))[1]
+
+
+def test_capabilities_per_configuration():
+    draft, ngram = _attached().capabilities(), _attached(config="ngram").capabilities()
+    assert (draft.drafting, draft.mtp_kinds, draft.depths) == ("fixed", ["assistant"], [3])
+    assert (ngram.drafting, ngram.mtp_kinds) == ("up_to_k", ["model_free"])
+    assert "min_p" not in draft.speculative_sampling_controls and "logit_bias" not in draft.speculative_sampling_controls
+    assert _attached(num_draft_tokens="5").plan(GenerationRequest(
+        prompt_tokens=[1], speculation={"num_draft_tokens": 2}))[3] == "depth_exceeds_capability"
+
+
+def test_options_are_checked():
+    from mtpcheck.backends.vllm_server import load_vllm
+
+    with pytest.raises(ValueError, match="config="):
+        load_vllm(config="eagle", url="http://x", plain_url="http://y", vocab_size="5")
+    with pytest.raises(ValueError, match="go together"):
+        load_vllm(url="http://x")
