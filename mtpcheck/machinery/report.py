@@ -183,7 +183,7 @@ def _message(report) -> str:
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
         text = (crash.message if crash else str(report.longrepr)).splitlines()[0]
-        unmatched = [body for title, body in report.sections if title == XFAIL_SECTION]
+        unmatched = [body for title, body in getattr(report, "sections", ()) if title == XFAIL_SECTION]
         return _clip((unmatched[0] + " " if unmatched else "") + text, 300)
     return ""
 
