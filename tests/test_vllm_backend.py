@@ -64,7 +64,8 @@ def test_steps_without_proposals_are_replayed_where_the_ngram_finds_nothing():
 
 
 def test_sampling_and_stops_are_vllms_fields():
-    from mtpcheck.backends.vllm_server import sampling_fields, stop_fields
+    from mtpcheck.backends.httpserver import vllm_stop_fields as stop_fields
+    from mtpcheck.backends.vllm_server import sampling_fields
 
     sp = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, repetition_penalty=1.3,
                         presence_penalty=0.5, frequency_penalty=0.25, logit_bias={7: -2.0, 3: 1.5}, seed=4)
@@ -117,3 +118,31 @@ def test_options_are_checked():
         load_vllm(config="eagle", url="http://x", plain_url="http://y", vocab_size="5")
     with pytest.raises(ValueError, match="go together"):
         load_vllm(url="http://x")
+
+
+def test_openai_http_vllm_dialect_reads_the_per_request_metrics():
+    """openai-http with dialect=vllm no longer raises NoSpeculationCounters: the
+    rounds come from the same per-step arrays as the vllm backend's."""
+    from mtpcheck.backends.openai_http import load_openai_http
+
+    b = load_openai_http(url="http://127.0.0.1:9", plain_url="http://127.0.0.1:8", dialect="vllm",
+                         vocab_size="512", depth="3")
+    sent = []
+
+    def post(path, body):
+        sent.append(body)
+        toks = [5, 6, 7, 8, 9, 10]  # 1 prefill + (2+1) + (3+1) implied 8: the budget cut the last block
+        return {"choices": [{"token_ids": toks, "finish_reason": "length"}], "usage": {"completion_tokens": 6},
+                **_resp([3, 3], [2, 3])}
+
+    b.spec.post = post
+    res = b.generate(GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=6, speculation=True, stop_token_ids=[]))
+    s = res.speculation
+    assert s.used and (s.accept_lens, s.draft_lens) == ([2, 1], [3, 3]) and len(res.tokens) == 6
+    assert sent[0]["ignore_eos"] is True and sent[0]["stop_token_ids"] == []
+    refused = b.generate.__self__.capabilities().speculative_sampling_controls
+    assert "min_p" not in refused and "logit_bias" not in refused
+    b.plain.post = post
+    res = b.generate(GenerationRequest(prompt_tokens=[1], max_tokens=6, speculation=True,
+                                       sampling=SamplingParams(min_p=0.2)))
+    assert (res.speculation.used, res.speculation.reason) == (False, "sampling_control_unsupported")

@@ -296,6 +296,20 @@ def plain_path_laws(prompt: list[int], continuation: list[int], sampling, law, v
 # -- vLLM's per-request speculation metrics (shared by the vllm backend and openai-http's vllm dialect)
 
 
+def vllm_stop_fields(stop_token_ids: list[int] | None, eos_ids: list[int]) -> dict:
+    """A request's stops as vLLM's own fields: None = the model's EOS (vLLM's
+    default), else exactly these ids (``ignore_eos`` and ``stop_token_ids``)."""
+    if stop_token_ids is None:
+        return {"ignore_eos": False, "stop_token_ids": []}
+    return {"ignore_eos": True, "stop_token_ids": [int(t) for t in stop_token_ids]}
+
+
+def vllm_refused_controls(sp) -> list[str]:
+    """Controls vLLM 0.32 refuses with speculative decoding (HTTP 400: "The min_p
+    and logit_bias sampling parameters are not yet supported with speculative decoding")."""
+    return [name for name, on in (("min_p", bool(sp.min_p)), ("logit_bias", bool(sp.logit_bias))) if on]
+
+
 def vllm_steps(response: dict) -> list[tuple[int, int]] | None:
     """(drafted, accepted) of each verify step, in order, from a vLLM completion
     response's ``metrics.speculative_decoding`` (a server started with

