@@ -102,6 +102,17 @@ def test_controls_vllm_refuses_with_speculation_are_served_plain_and_said(contro
     assert b.plan(req.model_copy(update={"sampling": SamplingParams(presence_penalty=0.5)}))[1]
 
 
+def test_top_k_is_served_plain_unless_the_guard_is_off():
+    req = GenerationRequest(prompt_tokens=[1, 2], sampling=SamplingParams(temperature=1.0, top_k=5), speculation=True)
+    _, used, _, reason, message = _attached().plan(req)
+    assert (used, reason) == (False, "sampling_control_unsupported") and "V1" in message
+    assert _attached(top_k_guard="off").plan(req)[1]
+    greedy = GenerationRequest(prompt_tokens=[1, 2], sampling=SamplingParams(temperature=0.0, top_k=5),
+                               speculation=True)
+    assert _attached().plan(greedy)[1]  # greedy: the sampler's top-k path is not taken
+    assert "top_k" not in _attached().capabilities().speculative_sampling_controls
+
+
 def test_capabilities_per_configuration():
     draft, ngram = _attached().capabilities(), _attached(config="ngram").capabilities()
     assert (draft.drafting, draft.mtp_kinds, draft.depths) == ("fixed", ["assistant"], [3])

@@ -30,8 +30,10 @@ Requests go to ``POST /v1/completions`` with token-id prompts and
 ``ignore_eos`` and the native ``stop_token_ids`` carry the request's stops
 (no resume after EOS); stop strings are not sent: the project's stop matcher
 commits the tokens. With speculation vLLM refuses ``min_p`` and
-``logit_bias`` (HTTP 400): such a request is served by the plain server and
-says so (``used=False``, ``sampling_control_unsupported``), or raises under
+``logit_bias`` (HTTP 400), and its CPU rejection sampler kills the engine
+on ``top_k`` at temperature > 0 (deviation V1; ``top_k_guard=off`` sends it
+anyway): such a request is served by the plain server and says so
+(``used=False``, ``sampling_control_unsupported``), or raises under
 ``require_acceleration``.
 
 Statistics: ``--per-request-spec-decode-metrics detailed`` puts per-step
@@ -154,13 +156,14 @@ class VllmBackend:
     def __init__(self, *, python: str | None, model: Path, draft: Path | None, config: str, depth: int,
                  draft_sampling: str, speculation: bool, url: str | None, plain_url: str | None,
                  tokenizer: Path | None, vocab_size: int, eos_ids: list[int], kv_cache_gb: int,
-                 cores: list[str], eager: bool, context: int):
+                 cores: list[str], eager: bool, context: int, top_k_guard: bool = True):
         self.python, self.model, self.draft = python, model, draft
         self.config, self.depth, self.draft_sampling = config, depth, draft_sampling
         self.kind = "model_free" if config == "ngram" else "assistant"
         self.vocab_size, self.eos_ids = vocab_size, eos_ids
         self.kv_cache_gb, self.cores, self.eager, self.context = kv_cache_gb, cores, eager, context
         self.attached = url is not None
+        self.top_k_guard = top_k_guard
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter=self.kind,
                                           num_draft_tokens=depth)
         self.tokenizer = None
@@ -304,8 +307,8 @@ class VllmBackend:
             first_token_from_prefill=True,
             seeded_determinism=True,
             position_addressed_target_sampling=False,
-            speculative_sampling_controls=["temperature", "top_k", "top_p", "seed", "repetition_penalty",
-                                           "presence_penalty", "frequency_penalty"],
+            speculative_sampling_controls=["temperature", *([] if self.top_k_guard else ["top_k"]), "top_p", "seed",
+                                           "repetition_penalty", "presence_penalty", "frequency_penalty"],
             target_distributions=True,
             near_tie_logit_gap=1e-3,
             filter_boundary_tolerance=1e-5,
@@ -330,6 +333,10 @@ class VllmBackend:
             reason, message, used = "sampling_control_unsupported", (
                 f"{', '.join(blocked)}: vLLM refuses them with speculative decoding (HTTP 400); "
                 "served by the plain server"), False
+        elif used and self.top_k_guard and req.sampling.top_k is not None and req.sampling.temperature > 0:
+            reason, message, used = "sampling_control_unsupported", (
+                "top_k: vLLM 0.32.0's CPU rejection sampler kills the engine on it (deviation V1 in "
+                "docs/backends/vllm.md); served by the plain server (top_k_guard=off sends it)"), False
         if not used and spec.mode == "native_mtp" and spec.require_acceleration:
             raise SpeculationUnavailableError(reason, message)
         return spec, used, depth, reason, message
@@ -422,6 +429,7 @@ def load_vllm(
     cores: str = "0,1",
     eager: str | bool = True,
     context: int | str = 2048,
+    top_k_guard: str | bool = True,
 ) -> VllmBackend:
     """Options (strings from --mtp-backend-option): config (draft|ngram),
     num_draft_tokens (the speculative server's num_speculative_tokens, default
@@ -433,7 +441,9 @@ def load_vllm(
     servers, model / draft (HF folders instead of the padded fixture),
     kv_cache_gb (VLLM_CPU_KVCACHE_SPACE), cores (the plain and the speculative
     server's VLLM_CPU_OMP_THREADS_BIND, separated by ';' or ','), eager
-    (--enforce-eager, default on), context (--max-model-len)."""
+    (--enforce-eager, default on), context (--max-model-len), top_k_guard (on:
+    top_k at temperature > 0 runs on the plain server, as vLLM 0.32.0's CPU
+    rejection sampler dies on it; off: sent to the speculative server)."""
     from mtpcheck.backends._library import switch
     from mtpcheck.fixture import hf_export
 
@@ -474,4 +484,4 @@ def load_vllm(
                        draft=draft_path, config=config, depth=depth, draft_sampling=draft_sampling,
                        speculation=switch(speculation), url=url, plain_url=plain_url, tokenizer=tok,
                        vocab_size=int(vocab_size), eos_ids=eos_ids or [0], kv_cache_gb=int(kv_cache_gb),
-                       cores=core_list, eager=switch(eager), context=int(context))
+                       cores=core_list, eager=switch(eager), context=int(context), top_k_guard=switch(top_k_guard))
