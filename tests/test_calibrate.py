@@ -27,7 +27,7 @@ def test_pvalues_come_from_first_stages_and_skip_untested_stages():
     assert len(pv["DIST-EQUIV rank G-test"]["p"]) == 10
     assert pv["DIST-EQUIV rank G-test"]["p"][0] == runs[0]["evidence"]["DIST-EQUIV"][0]["stage1"]["gtest_p"]
     assert "DIST-CONTEXT pilot G-test" not in pv and len(pv["DIST-CONTEXT targeted G-test"]["p"]) == 5
-    assert pv["SEED-INDEPENDENT e-value"]["conservative"] is True
+    assert pv["SEED-INDEPENDENT Bonferroni"]["conservative"] is True
     assert coincidence_ratios(runs) == {"tokens agree": (25, 25.0)}
 
 

@@ -180,9 +180,10 @@ def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
             for st in e.get("stages", []):
                 if st.get("df", 0) > 0 and st["stage"] in ("pilot", "targeted"):
                     add(f"DIST-CONTEXT {st['stage']} G-test", "DIST-CONTEXT", st["p_value"])
-        for cid in ("SEED-INDEPENDENT", "SEED-STREAMS-INDEPENDENT"):
+        # SEED-INDEPENDENT: Bonferroni over its series' p-values (issue 24); both conservative
+        for cid, kind in (("SEED-INDEPENDENT", "Bonferroni"), ("SEED-STREAMS-INDEPENDENT", "e-value")):
             for e in ev.get(cid, []):
-                add(f"{cid} e-value", cid, e["test"]["p_value"], conservative=True)
+                add(f"{cid} {kind}", cid, e["test"]["p_value"], conservative=True)
     return out
 
 

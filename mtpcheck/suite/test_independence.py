@@ -8,31 +8,12 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import SamplingParams
-from mtpcheck.laws.independence import (
-    acceptance_series,
-    agreement_series,
-    closeness_series,
-    coincidence_test,
-    pit_values,
-)
+from mtpcheck.laws.independence import acceptance_series, coincidence_test, series_test
 from mtpcheck.machinery import scheduling as S
 from mtpcheck.machinery.configs import INDEPENDENCE_ALPHA, request, spec_for
+from mtpcheck.machinery.seeds import REPLICATES, base_seeds, seed_pair_series
 
 TOKENS = 32  # per request of SEED-HISTORY
-REPLICATES = {"ci": 4, "dev": 8, "thorough": 24}  # base seeds of SEED-INDEPENDENT / SEED-STREAMS-INDEPENDENT
-LAGS = range(-2, 3)  # position alignments compared between two seeds
-DELTAS = (0.02, 0.1)  # PIT closeness radii
-# Seeds a careless key derivation collides with b: neighbours (seed + position,
-# seed + stream, seed xor position), one bit above 32 (truncation to 32 bits),
-# neighbours above 2^53 (seeds through a float64).
-HIGH = 1 << 60
-PAIRS = {"s,s+1": lambda b: (b, b + 1), "s,s^2^32": lambda b: (b, b ^ (1 << 32)),
-         "2^60+s,2^60+s+1": lambda b: (HIGH + b, HIGH + b + 1)}
-
-
-def _base_seeds(mtp_seed: int, n: int) -> list[int]:
-    """Seed 0 first (often special-cased), then spread-out seeds of this run."""
-    return [0] + [(mtp_seed * 7919 + 1_000_003 * r) % (1 << 40) for r in range(1, n)]
 
 
 # -- SEED-HISTORY -------------------------------------------------------------------------
@@ -93,35 +74,10 @@ def _differs(i, seed, name, first, again) -> str:
 
 @pytest.mark.contract("SEED-INDEPENDENT")
 def test_different_seeds_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed, mtp_record):
-    prompts = list(mtp_fixture.values())
-    sp = SamplingParams(temperature=1.0)
-    n = mtp_profile.dist_tokens
     rng = np.random.default_rng(mtp_seed)  # the PIT randomisation: the suite's own, not the backend's
-    runs: dict[tuple[int, int], tuple] = {}
-
-    def run(r: int, seed: int):
-        if (r, seed) not in runs:
-            prompt = prompts[r % len(prompts)]
-            req = request(prompt, n, sp.model_copy(update={"seed": seed}), spec_for(mtp_capabilities), stop_token_ids=[])
-            toks = mtp_backend.generate(req).tokens
-            laws = mtp_backend.target_distributions(prompt, toks, sp)
-            runs[r, seed] = toks, laws, pit_values(toks, laws, rng)
-        return runs[r, seed]
-
-    def add(key, h, p):
-        old = series.get(key)
-        series[key] = (h, p) if old is None else (np.concatenate([old[0], h]), np.concatenate([old[1], p]))
-
-    series = {}
-    for r, base in enumerate(_base_seeds(mtp_seed, REPLICATES[mtp_profile.name])):
-        for name, pair in PAIRS.items():
-            a, b = pair(base)
-            (ta, la, wa), (tb, lb, wb) = run(r, a), run(r, b)
-            for lag in LAGS:
-                add(f"{name} lag {lag}: tokens agree", *agreement_series(ta, la, tb, lb, lag))
-                for delta in DELTAS:
-                    add(f"{name} lag {lag}: PIT within {delta}", *closeness_series(wa, wb, lag, delta))
-    res = coincidence_test("seed-agreement", series, INDEPENDENCE_ALPHA)
+    series = seed_pair_series(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile.dist_tokens,
+                              base_seeds(mtp_seed, REPLICATES[mtp_profile.name]), rng)
+    res = series_test("seed-agreement", series, INDEPENDENCE_ALPHA)
     mtp_record(test=res.model_dump())
     assert res.passed, (f"runs under different seeds coincide more often than independent randomness allows "
                         f"(shared draws between seeds; or an output law other than the target's, see DIST-EQUIV): "
@@ -140,7 +96,7 @@ def test_draft_randomness_is_independent_of_the_targets(mtp_backend, mtp_capabil
     prompts = list(mtp_fixture.values())
     sp = SamplingParams(temperature=temperature)
     hits, probs, rounds = [], [], 0
-    for r, base in enumerate(_base_seeds(mtp_seed + 17, REPLICATES[mtp_profile.name])):
+    for r, base in enumerate(base_seeds(mtp_seed + 17, REPLICATES[mtp_profile.name])):
         prompt = prompts[r % len(prompts)]
         req = request(prompt, mtp_profile.dist_tokens, sp.model_copy(update={"seed": base}), spec_for(mtp_capabilities),
                       stop_token_ids=[])

@@ -1,0 +1,62 @@
+"""SEED-INDEPENDENT's coincidence series, drawn from a backend (the suite's
+test and mtpcheck.measurement.independence_power both use this): pairs of
+runs under seeds a careless key derivation collides, compared position by
+position at a few alignments (mtpcheck.laws.independence)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtpcheck.contracts import SamplingParams
+from mtpcheck.laws.independence import agreement_series, closeness_series, pit_values
+from mtpcheck.machinery.configs import request, spec_for
+
+REPLICATES = {"ci": 4, "dev": 8, "thorough": 24}  # base seeds of SEED-INDEPENDENT / SEED-STREAMS-INDEPENDENT
+LAGS = range(-2, 3)  # position alignments compared between two seeds
+DELTAS = (0.02, 0.1)  # PIT closeness radii
+# Seeds a careless key derivation collides with b: neighbours (seed + position,
+# seed + stream, seed xor position), one bit above 32 (truncation to 32 bits),
+# neighbours above 2^53 (seeds through a float64).
+HIGH = 1 << 60
+PAIRS = {"s,s+1": lambda b: (b, b + 1), "s,s^2^32": lambda b: (b, b ^ (1 << 32)),
+         "2^60+s,2^60+s+1": lambda b: (HIGH + b, HIGH + b + 1)}
+
+
+def base_seeds(mtp_seed: int, n: int) -> list[int]:
+    """Seed 0 first (often special-cased), then spread-out seeds of this run."""
+    return [0] + [(mtp_seed * 7919 + 1_000_003 * r) % (1 << 40) for r in range(1, n)]
+
+
+def seed_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, seeds: list[int],
+                     rng: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """For each base seed, each pair shape and each lag: token agreement and
+    PIT closeness (both radii) between the pair's two runs, concatenated over
+    base seeds into one series per (pair, lag, kind). `rng` randomizes the
+    PIT values (the suite's own generator, not the backend's)."""
+    sp = SamplingParams(temperature=1.0)
+    runs: dict[tuple[int, int], tuple] = {}
+
+    def run(r: int, seed: int):
+        if (r, seed) not in runs:
+            prompt = prompts[r % len(prompts)]
+            req = request(prompt, n_tokens, sp.model_copy(update={"seed": seed}), spec_for(caps), stop_token_ids=[])
+            toks = backend.generate(req).tokens
+            laws = backend.target_distributions(prompt, toks, sp)
+            runs[r, seed] = toks, laws, pit_values(toks, laws, rng)
+        return runs[r, seed]
+
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(key, h, p):
+        old = series.get(key)
+        series[key] = (h, p) if old is None else (np.concatenate([old[0], h]), np.concatenate([old[1], p]))
+
+    for r, base in enumerate(seeds):
+        for name, pair in PAIRS.items():
+            a, b = pair(base)
+            (ta, la, wa), (tb, lb, wb) = run(r, a), run(r, b)
+            for lag in LAGS:
+                add(f"{name} lag {lag}: tokens agree", *agreement_series(ta, la, tb, lb, lag))
+                for delta in DELTAS:
+                    add(f"{name} lag {lag}: PIT within {delta}", *closeness_series(wa, wb, lag, delta))
+    return series
