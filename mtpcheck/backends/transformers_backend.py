@@ -219,8 +219,8 @@ class TransformersBackend(LibraryBackend):
 
     def __init__(self, model, tokenizer, assistant, *, config: str, target_path: Path, draft_path: Path | None,
                  depth: int, speculation: bool, eos_ids: list[int], context: int | None,
-                 confidence_threshold: float, ngram: int | None):
-        self.model, self.tokenizer, self.assistant = model, tokenizer, assistant
+                 confidence_threshold: float, ngram: int | None, pad_id: int):
+        self.model, self.tokenizer, self.assistant, self.pad_id = model, tokenizer, assistant, pad_id
         self.config, self.target_path, self.draft_path = config, target_path, draft_path
         self.vocab_size, self.eos_ids, self.context = int(model.config.vocab_size), eos_ids, context
         self.confidence_threshold, self.ngram = confidence_threshold, ngram
@@ -438,6 +438,5 @@ def load_transformers(
     backend = TransformersBackend(model, tokenizer, assistant, config=config, target_path=target_path,
                                   draft_path=draft_path, depth=int(depth), speculation=switch(speculation),
                                   eos_ids=eos_ids, context=context_limit(model.config, context_length),
-                                  confidence_threshold=threshold, ngram=int(ngram) if ngram else None)
-    backend.pad_id = pad
+                                  confidence_threshold=threshold, ngram=int(ngram) if ngram else None, pad_id=pad)
     return backend
