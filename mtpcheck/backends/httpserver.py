@@ -270,6 +270,16 @@ class ServerProcess:
             self._finalizer()
 
 
+def close_all(clients: dict, servers: dict) -> None:
+    """Close the clients and stop the servers (by PID) of a backend's pools; empties both."""
+    for c in clients.values():
+        c.close()
+    clients.clear()
+    for s in servers.values():
+        s.stop()
+    servers.clear()
+
+
 def plain_path_laws(prompt: list[int], continuation: list[int], sampling, law, vocab_size: int):
     """target_distributions of a server: `law(prefix, sampling)` after each
     prefix of the continuation, one token at a time (the plain decoding path,

@@ -69,6 +69,7 @@ from mtpcheck.backends.httpserver import (
     Client,
     ServerError,
     ServerProcess,
+    close_all,
     kept_rounds,
     plain_path_laws,
     vllm_refused_controls,
@@ -268,12 +269,7 @@ class VllmBackend:
 
     def close(self) -> None:
         """Stop every server this backend started (by PID, with their workers)."""
-        for c in self.clients.values():
-            c.close()
-        self.clients.clear()
-        for s in self.servers.values():
-            s.stop()
-        self.servers.clear()
+        close_all(self.clients, self.servers)
 
     def pids(self) -> list[int]:
         return [s.pid for s in self.servers.values() if s.pid is not None]
