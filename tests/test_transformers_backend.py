@@ -191,3 +191,18 @@ def test_t2_the_assistant_runs_past_a_stop_string_inside_a_block(tf, pld):
     assert len(res.tokens) == s.accepted + s.rounds  # every round the library ran is counted
     lookup = pld.generate(req(prompt, 24, spec={"mode": "native_mtp", "num_draft_tokens": 4}, stop=[","]))
     assert lookup.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(temperature=1.0, seed=3), dict(stop=[","]), dict(stop=["ol"])])
+def test_stream_concatenates_to_generate(tf, pld, kw):
+    """generate_stream: one chunk per streamed round (the library's streamer),
+    concatenating to generate()'s tokens and text, finish_reason on the last."""
+    prompt = tf.encode(PROMPT_TEXT)
+    for backend in (tf, pld):
+        r = req(prompt, 24, spec={"mode": "native_mtp", "num_draft_tokens": 3}, **kw)
+        chunks = list(backend.generate_stream(r))
+        res = backend.generate(r)
+        assert [t for c in chunks for t in c["tokens"]] == res.tokens
+        assert "".join(c["text"] for c in chunks) == res.text
+        assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [res.finish_reason]
+        assert len(chunks) <= res.speculation.rounds + 1

@@ -126,13 +126,16 @@ class Recorder:
     """The streamer (``put`` once with the prompt, then once per round) and the
     candidate lengths of each round, from the call's candidate generator."""
 
-    def __init__(self):
+    def __init__(self, on_round=None):
         self.puts: list[list[int]] = []
         self.drafts: list[int] = []
+        self.on_round = on_round  # called with each round's tokens as the library streams them
 
     # transformers' BaseStreamer interface (duck-typed: generate calls put / end)
     def put(self, value) -> None:
         self.puts.append([int(t) for t in value.reshape(-1).tolist()])
+        if self.on_round is not None and len(self.puts) > 1:
+            self.on_round(self.puts[-1])
 
     def end(self) -> None:
         pass
@@ -259,6 +262,7 @@ class TransformersBackend(LibraryBackend):
             logit_dtype="float32",
             logprobs=True,
             text=True,
+            streaming=True,  # generate_stream: the library's streamer, one put per round, through the stop matcher
             **self.declared_context(),
             notes=(f"configuration {self.config}: "
                    + (f"assistant model {self.draft_path}, num_assistant_tokens_schedule=constant, "
@@ -290,7 +294,7 @@ class TransformersBackend(LibraryBackend):
         return self.plain.laws(list(prompt), list(continuation), sampling)
 
     # -- generation
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def generate(self, request: GenerationRequest, on_round=None) -> GenerationResult:
         import torch
 
         self.check(request)
@@ -307,7 +311,7 @@ class TransformersBackend(LibraryBackend):
 
             kw["stopping_criteria"] = StoppingCriteriaList([StopStringCriteria(tokenizer=self.tokenizer,
                                                                                stop_strings=list(request.stop))])
-        rec = Recorder()
+        rec = Recorder(on_round)
         if used and self.config == "assistant":
             self.assistant.generation_config.num_assistant_tokens = depth
             kw["assistant_model"] = self.assistant
@@ -351,6 +355,54 @@ class TransformersBackend(LibraryBackend):
             rep = rep.model_copy(update={"acceptance_rule": self.capabilities().acceptance_rule})
         return GenerationResult(tokens=tokens, text=state.text_published, finish_reason=state.finish_reason,
                                 logprobs=lps, events=events, speculation=rep, seed=seed)
+
+    def generate_stream(self, request: GenerationRequest):
+        """Chunks (dicts of StreamChunk's fields) as the library's streamer
+        delivers rounds: :meth:`generate` runs in a thread and each round's
+        tokens are published through the project's stop matcher as they arrive
+        (text held back while it could still grow into a stop string); tokens
+        the library emits after a stop (T2) are carried as it emits them; the
+        last chunk carries what text is left and the finish reason of the
+        result generate() returns."""
+        import queue
+        import threading
+
+        from mtpcheck.contracts import TextEvent, TokenEvent
+        from mtpcheck.engine.events import OutputState, StopMatcher, commit_tokens
+
+        rounds: queue.Queue = queue.Queue()
+        box: dict[str, Any] = {}
+
+        def work():
+            try:
+                box["result"] = self.generate(request, on_round=rounds.put)
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+            finally:
+                rounds.put(None)
+
+        threading.Thread(target=work, daemon=True, name="mtpcheck-transformers-stream").start()
+        eos = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        out = OutputState(prompt_len=len(request.prompt_tokens))
+        matcher = StopMatcher(self.decode, request.stop, eos)
+        sent, text = 0, ""
+        while (tokens := rounds.get()) is not None:
+            after_stop = []
+            for tok in tokens:
+                if out.finish_reason is None:
+                    commit_tokens(out, matcher, [tok], [None], request.max_tokens)
+                else:
+                    after_stop.append(tok)
+            new, sent = out.events[sent:], len(out.events)
+            piece = "".join(e.text for e in new if isinstance(e, TextEvent))
+            text += piece
+            published = [e.token for e in new if isinstance(e, TokenEvent)] + after_stop
+            if published or piece:
+                yield {"tokens": published, "text": piece, "finish_reason": None}
+        if "error" in box:
+            raise box["error"]
+        result = box["result"]
+        yield {"tokens": [], "text": result.text[len(text):], "finish_reason": result.finish_reason}
 
     def _wrapped(self, rec: Recorder):
         original = type(self.model)._get_candidate_generator.__get__(self.model)
