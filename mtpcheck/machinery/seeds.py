@@ -12,6 +12,10 @@ from mtpcheck.laws.independence import agreement_series, closeness_series, pit_v
 from mtpcheck.machinery.configs import request, spec_for
 
 REPLICATES = {"ci": 4, "dev": 8, "thorough": 24}  # base seeds of SEED-INDEPENDENT / SEED-STREAMS-INDEPENDENT
+# SEED-INDEPENDENT samples at T = 2 (the top of the OpenAI range): a trained model's T = 1 laws are so
+# peaked that a randomized PIT value is mostly the suite's own noise; flatter laws let a shared uniform
+# show (docs/power.md, section F: seed + position keys, p 0.01 at T = 1, 2e-27 at T = 2 on the fixture)
+INDEPENDENCE_TEMPERATURE = 2.0
 LAGS = range(-2, 3)  # position alignments compared between two seeds
 DELTAS = (0.02, 0.1)  # PIT closeness radii
 # Seeds a careless key derivation collides with b: neighbours (seed + position,
@@ -28,12 +32,13 @@ def base_seeds(mtp_seed: int, n: int) -> list[int]:
 
 
 def seed_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, seeds: list[int],
-                     rng: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                     rng: np.random.Generator, temperature: float = INDEPENDENCE_TEMPERATURE
+                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """For each base seed, each pair shape and each lag: token agreement and
     PIT closeness (both radii) between the pair's two runs, concatenated over
     base seeds into one series per (pair, lag, kind). `rng` randomizes the
     PIT values (the suite's own generator, not the backend's)."""
-    sp = SamplingParams(temperature=1.0)
+    sp = SamplingParams(temperature=temperature)
     runs: dict[tuple[int, int], tuple] = {}
 
     def run(r: int, seed: int):

@@ -78,7 +78,8 @@ def collide(engine, shape: str, strength: float) -> None:
     with_drafters(engine, KeyedDraw, attrs={"engine": engine})  # the drafters draw through it too
 
 
-def one_run(base: str, profile: str, shape: str | None, strength: float, run_seed: int) -> dict:
+def one_run(base: str, profile: str, shape: str | None, strength: float, run_seed: int,
+            temperature: float | None = None) -> dict:
     """The clause's series for one run, judged by both combinations."""
     from mtpcheck.backends import load_backend
     from mtpcheck.fixture import fixture_prompts
@@ -93,7 +94,8 @@ def one_run(base: str, profile: str, shape: str | None, strength: float, run_see
     caps = backend.capabilities()
     prof = PROFILES[profile]
     series = seed_pair_series(backend, caps, list(fixture_prompts(backend).values()), prof.dist_tokens,
-                              base_seeds(run_seed, REPLICATES[profile]), np.random.default_rng(run_seed))
+                              base_seeds(run_seed, REPLICATES[profile]), np.random.default_rng(run_seed),
+                              **({} if temperature is None else {"temperature": temperature}))
     old, new = coincidence_test("old", series, INDEPENDENCE_ALPHA), series_test("new", series, INDEPENDENCE_ALPHA)
     return {"shape": shape, "strength": strength, "seed": run_seed, "old_p": old.p_value, "new_p": new.p_value,
             "old_caught": not old.passed, "new_caught": not new.passed, "strongest": new.note}
@@ -105,7 +107,7 @@ def render(rows: list[dict], meta: dict) -> str:
     lines = [START, "", "## F. SEED-INDEPENDENT: power against key collisions, old and new combination", "",
              f"`python -m mtpcheck.measurement.independence_power` (mtpcheck/measurement/independence_power.py): "
              f"base `{meta['base']}`, profile `{meta['profile']}` ({meta['replicates']} base seeds x 3 seed pairs x "
-             f"{meta['tokens']} tokens per run), {meta['reps']} runs per cell, alpha {INDEPENDENCE_ALPHA:g}, "
+             f"{meta['tokens']} tokens per run, T = {meta['temperature']:g}), {meta['reps']} runs per cell, alpha {INDEPENDENCE_ALPHA:g}, "
              f"{meta['wall_min']:.1f} min. A cell is the fraction of runs that fail the clause, old combination "
              f"(mean of e-values over the series) / new (each series' exact binomial tail or 1/E, Bonferroni over "
              f"the series); in brackets the median p-value, old / new. Strength: the fraction of keys that are "
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from multiprocessing import get_context
 
     from mtpcheck.machinery.harness import PROFILES
-    from mtpcheck.machinery.seeds import REPLICATES
+    from mtpcheck.machinery.seeds import INDEPENDENCE_TEMPERATURE, REPLICATES
     from mtpcheck.mutants.run import ROOT
 
     ap = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.independence_power",
@@ -148,19 +150,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--null-reps", type=int, default=6)
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--temperature", type=float, default=INDEPENDENCE_TEMPERATURE)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "docs" / "power.md"))
     args = ap.parse_args(argv)
     t0 = time.time()
-    jobs = [(args.base, args.profile, shape, s, 10_000 + 97 * r) for shape in args.shapes.split(",")
+    jobs = [(args.base, args.profile, shape, s, 10_000 + 97 * r, args.temperature) for shape in args.shapes.split(",")
             for s in STRENGTHS for r in range(args.reps)]
-    jobs += [(args.base, args.profile, None, 0.0, 50_000 + 89 * r) for r in range(args.null_reps)]
+    jobs += [(args.base, args.profile, None, 0.0, 50_000 + 89 * r, args.temperature) for r in range(args.null_reps)]
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as ex:
         rows = list(ex.map(one_run, *zip(*jobs, strict=True)))
     for r in rows:
         print(r["shape"], r["strength"], f"old p {r['old_p']:.3g}", f"new p {r['new_p']:.3g}", r["strongest"],
               flush=True)
     meta = {"base": args.base, "profile": args.profile, "replicates": REPLICATES[args.profile], "reps": args.reps,
+            "temperature": args.temperature,
             "tokens": PROFILES[args.profile].dist_tokens, "wall_min": (time.time() - t0) / 60}
     write_section(Path(args.out), START, END, render(rows, meta))
     return 0
