@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from mtpcheck.backends.httpserver import (
+    Client,
     ServerError,
     kept_rounds,
     ngram_proposes,
@@ -157,3 +158,40 @@ def test_openai_http_vllm_dialect_reads_the_per_request_metrics():
     res = b.generate(GenerationRequest(prompt_tokens=[1], max_tokens=6, speculation=True,
                                        sampling=SamplingParams(min_p=0.2)))
     assert (res.speculation.used, res.speculation.reason) == (False, "sampling_control_unsupported")
+
+
+def test_a_server_that_dies_is_a_named_failure_and_is_restarted(monkeypatch):
+    """HTTP 500 then connection refused: VllmServerDied names the request; the
+    next request to that server starts a fresh one (no cascade of errors)."""
+    from mtpcheck.backends import vllm_server
+    from mtpcheck.backends.vllm_server import VllmServerDied
+
+    b = _attached()
+
+    class Dead:
+        pid, url = 4242, "http://127.0.0.1:9"
+
+        def alive(self):
+            return False
+
+        def log_tail(self, n):
+            return "EngineDeadError"
+
+        def stop(self):
+            self.stopped = True
+
+    dead = Dead()
+    b.servers = {"spec": dead}
+
+    def refused(path, body):
+        raise ServerError("POST http://127.0.0.1:9/v1/completions: HTTP 500: EngineCore encountered an issue")
+
+    b.clients["spec"].post = refused
+    body = {"prompt": [1, 2, 3], "max_tokens": 5, "top_k": 5}
+    with pytest.raises(VllmServerDied, match=r"spec vLLM server died.*\[1, 2, 3\].*top_k.*EngineDeadError"):
+        b.post("spec", body)
+    started = []
+    monkeypatch.setattr(vllm_server.VllmBackend, "_start", lambda self, keys: started.extend(keys) or
+                        self.clients.update({k: Client("http://127.0.0.1:7") for k in keys}))
+    b.client("spec")
+    assert started == ["spec"] and getattr(dead, "stopped", False) and b.restarts == 1
