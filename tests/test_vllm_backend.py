@@ -195,3 +195,10 @@ def test_a_server_that_dies_is_a_named_failure_and_is_restarted(monkeypatch):
                         self.clients.update({k: Client("http://127.0.0.1:7") for k in keys}))
     b.client("spec")
     assert started == ["spec"] and getattr(dead, "stopped", False) and b.restarts == 1
+
+
+def test_each_server_gets_its_own_cores():
+    b = _attached(cores="0-7;8-15")
+    assert (b._env("plain")["VLLM_CPU_OMP_THREADS_BIND"], b._env("spec")["VLLM_CPU_OMP_THREADS_BIND"]) == ("0-7", "8-15")
+    b = _attached(cores="0,1")
+    assert (b._env("plain")["VLLM_CPU_OMP_THREADS_BIND"], b._env("spec")["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")

@@ -422,7 +422,7 @@ def load_vllm(
     vocab_size: int | str | None = None,
     eos: str | None = None,
     kv_cache_gb: int | str = 1,
-    cores: str = "0,1",
+    cores: str | None = None,
     eager: str | bool = True,
     context: int | str = 2048,
     top_k_guard: str | bool = True,
@@ -436,7 +436,8 @@ def load_vllm(
     tokenizer.json), vocab_size and eos (comma-separated ids) for attached
     servers, model / draft (HF folders instead of the padded fixture),
     kv_cache_gb (VLLM_CPU_KVCACHE_SPACE), cores (the plain and the speculative
-    server's VLLM_CPU_OMP_THREADS_BIND, separated by ';' or ','), eager
+    server's VLLM_CPU_OMP_THREADS_BIND, "0,1" by default; with ';' between them
+    each may be a list or range, e.g. "0-7;8-15"), eager
     (--enforce-eager, default on), context (--max-model-len), top_k_guard (on:
     top_k at temperature > 0 runs on the plain server, as vLLM 0.32.0's CPU
     rejection sampler dies on it; off: sent to the speculative server)."""
@@ -475,7 +476,9 @@ def load_vllm(
         if eos_ids is None:
             e = cfg.get("eos_token_id", 0)
             eos_ids = list(e) if isinstance(e, list) else [int(e)]
-    core_list = [c for c in cores.replace(";", ",").split(",") if c.strip()] or ["0"]
+    if cores is None:  # one core each where there are two; both on core 0 on a one-core machine
+        cores = "0,1" if (os.cpu_count() or 1) >= 2 else "0"
+    core_list = [c.strip() for c in cores.split(";" if ";" in cores else ",") if c.strip()] or ["0"]
     return VllmBackend(python=None if url else find_python(python), model=model_path or Path(url),
                        draft=draft_path, config=config, depth=depth, draft_sampling=draft_sampling,
                        speculation=switch(speculation), url=url, plain_url=plain_url, tokenizer=tok,
