@@ -8,6 +8,10 @@ tests/test_hf_export.py."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from mtpcheck.backends.httpserver import (
@@ -202,3 +206,48 @@ def test_each_server_gets_its_own_cores():
     assert (b._env("plain")["VLLM_CPU_OMP_THREADS_BIND"], b._env("spec")["VLLM_CPU_OMP_THREADS_BIND"]) == ("0-7", "8-15")
     b = _attached(cores="0,1")
     assert (b._env("plain")["VLLM_CPU_OMP_THREADS_BIND"], b._env("spec")["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+
+
+SLEEPER = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+           "time.sleep(60)")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_killed_suite_leaves_no_server_behind(tmp_path):
+    """The harness starts servers from worker threads (no parent-death signal):
+    when the process that started one dies without exit handlers (SIGKILL), its
+    watchdog stops the server and the processes the server had started."""
+    import subprocess
+    import textwrap
+    import time
+
+    from mtpcheck.backends._watchdog import alive
+
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, threading, time
+        from mtpcheck.backends.httpserver import ServerProcess, descendants
+        box = []
+        t = threading.Thread(target=lambda: box.append(ServerProcess(sys.executable, ["-c", {SLEEPER!r}], "wd",
+                             stop_grace=2.0, watchdog=True).launch()))
+        t.start(); t.join(); time.sleep(2.5)
+        print(box[0].proc.pid, *descendants(box[0].proc.pid), flush=True)
+        os._exit(9)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+    deadline = time.monotonic() + 15
+    while any(alive(p) and "zombie" not in _state(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if alive(p) and "zombie" not in _state(p)]
+    for p in left:
+        os.kill(p, 9)
+    assert not left, f"server processes {left} outlived the suite"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "zombie"

@@ -27,6 +27,8 @@ import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from mtpcheck.backends import _watchdog
+from mtpcheck.backends._watchdog import descendants
 from mtpcheck.contracts import MtpCheckError
 
 
@@ -134,28 +136,10 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux)
         pass
 
 
-def descendants(pid: int) -> list[int]:
-    """The PIDs of a process's children, grandchildren, ... (Linux /proc; [] elsewhere)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                kids = [int(c) for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _stop(proc: subprocess.Popen, log, grace: float = 5.0) -> None:
+def _stop(proc: subprocess.Popen, log, grace: float = 5.0, guard: subprocess.Popen | None = None) -> None:
     """Stop one child by its PID: SIGTERM, then SIGKILL after `grace` s; then
-    the processes it had started (a server's engine workers), by their PIDs."""
+    the processes it had started (a server's engine workers), by their PIDs;
+    then its watchdog."""
     kids = descendants(proc.pid) if proc.poll() is None else []
     try:
         if proc.poll() is None:
@@ -171,6 +155,9 @@ def _stop(proc: subprocess.Popen, log, grace: float = 5.0) -> None:
             except OSError:
                 pass
     finally:
+        if guard is not None and guard.poll() is None:
+            guard.kill()
+            guard.wait(5)
         log.close()
         if os.environ.get("MTPCHECK_KEEP_SERVER_LOGS") is None:
             try:
@@ -184,9 +171,13 @@ class ServerProcess:
     ``--host``/``--port`` (added here)."""
 
     def __init__(self, binary: str | Path, args: list[str], label: str, startup_timeout: float = 180.0,
-                 env: dict[str, str] | None = None, stop_grace: float = 5.0):
+                 env: dict[str, str] | None = None, stop_grace: float = 5.0, watchdog: bool = False):
         self.binary, self.args, self.label = str(binary), list(args), label
         self.startup_timeout, self.env, self.stop_grace = startup_timeout, env, stop_grace
+        # a watchdog process stops the server if this process dies without running its exit handlers
+        # (SIGKILL, or SIGTERM with Python's default handler): the parent-death signal cannot, since
+        # servers are started from the harness's worker threads
+        self.watchdog = watchdog
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.log_path: str | None = None
@@ -230,7 +221,12 @@ class ServerProcess:
             threading.current_thread() is threading.main_thread() else None,
             env=None if self.env is None else {**os.environ, **self.env},
         )
-        self._finalizer = weakref.finalize(self, _stop, self.proc, log, self.stop_grace)
+        guard = None
+        if self.watchdog:
+            guard = subprocess.Popen(
+                [sys.executable, _watchdog.__file__, str(os.getpid()), str(self.proc.pid), str(self.stop_grace)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, log, self.stop_grace, guard)
         return self
 
     def alive(self) -> bool:

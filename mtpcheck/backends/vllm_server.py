@@ -217,7 +217,8 @@ class VllmBackend:
         try:
             for key in keys:
                 server = ServerProcess(self.python, self._args(key), f"vllm-{self.config}-{key}",
-                                       startup_timeout=STARTUP_S, env=self._env(key), stop_grace=20.0)
+                                       startup_timeout=STARTUP_S, env=self._env(key), stop_grace=20.0,
+                                       watchdog=True)
                 self.servers[key] = server.launch()
                 started.append(key)
             for key in keys:
