@@ -183,7 +183,11 @@ def test_syrupy_end_to_end_update_diff_and_unused(pytester, monkeypatch, tmp_pat
     fails naming its position; an unused entry fails the run, except the
     entries of a skipped backend; update deletes the unused entry."""
     # subprocess runs: syrupy 7 keeps its session in a module global, so a second
-    # in-process run in one interpreter reported no unused snapshot and passed
+    # in-process run in one interpreter reported no unused snapshot and passed; and
+    # not as an xdist worker (syrupy reads PYTEST_XDIST_WORKER: under `-n 2` the inner
+    # runs took themselves for workers and left unused-snapshot detection to a controller)
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(var, raising=False)
     root = tmp_path / "golden"
     monkeypatch.setenv("GOLDEN_ROOT", str(root))
     pytester.makepyfile(test_gold=FAKE_TESTS)
