@@ -155,3 +155,25 @@ def test_the_series_combination_holds_its_level_under_the_null():
             series[str(i)] = ((rng.random(120) < p).astype(float), p)
         rejections += not series_test("t", series, 0.05).passed
     assert rejections / 600 <= 0.05 + 3 * (0.05 * 0.95 / 600) ** 0.5, rejections
+
+
+def test_agreement_under_truncated_laws_bounds_the_unlisted_mass():
+    """Top-N laws (HTTP servers' logprobs): the null probability of agreement
+    is bounded from above by what the unlisted tokens can add, never below the
+    whole laws' value."""
+    from mtpcheck.laws.independence import agreement_series
+
+    rng = np.random.default_rng(3)
+    whole_a, whole_b = rng.dirichlet(np.ones(12), 30), rng.dirichlet(np.ones(12), 30)
+
+    def top(rows, n=4):
+        out = np.zeros_like(rows)
+        idx = np.argsort(-rows, axis=1)[:, :n]
+        np.put_along_axis(out, idx, np.take_along_axis(rows, idx, axis=1), axis=1)
+        return out
+
+    toks = list(range(30))
+    _, exact = agreement_series(toks, whole_a, toks, whole_b, 0)
+    _, bound = agreement_series(toks, top(whole_a), toks, top(whole_b), 0)
+    assert np.all(bound >= exact - 1e-12) and np.all(bound <= 1.0)
+    assert np.mean(bound) < 2 * np.mean(exact) + 0.1  # a bound, not a surrender

@@ -76,8 +76,30 @@ def agreement_series(tokens_a: Sequence[int], laws_a: np.ndarray, tokens_b: Sequ
         return agreement_series(tokens_b, laws_b, tokens_a, laws_a, -lag)
     n = max(0, min(len(a) - lag, len(b)))
     hits = (a[lag : lag + n] == b[:n]).astype(np.float64)
-    probs = np.einsum("nv,nv->n", np.asarray(laws_a)[lag : lag + n], np.asarray(laws_b)[:n])
-    return hits, probs
+    la, lb = np.asarray(laws_a, dtype=np.float64)[lag : lag + n], np.asarray(laws_b, dtype=np.float64)[:n]
+    probs = np.einsum("nv,nv->n", la, lb)
+    tail_a, tail_b = np.clip(1.0 - la.sum(axis=1), 0.0, 1.0), np.clip(1.0 - lb.sum(axis=1), 0.0, 1.0)
+    if np.any(tail_a > 1e-9) or np.any(tail_b > 1e-9):
+        probs = probs + _unlisted_bound(la, lb, tail_a, tail_b)
+    return hits, np.minimum(probs, 1.0)
+
+
+def _unlisted_bound(la: np.ndarray, lb: np.ndarray, tail_a: np.ndarray, tail_b: np.ndarray) -> np.ndarray:
+    """Top-N rows (a server's logprobs) leave the unlisted tokens' mass out of
+    sum_x pA(x) pB(x). An unlisted token's probability is at most the smallest
+    listed one of its row (m), so the missing part is at most
+    mB * (A's mass on tokens B does not list) + mA * (B's mass on tokens A does
+    not list) + min(mA tailB, mB tailA): an upper bound keeps the null valid."""
+    inf = np.inf
+
+    def smallest(rows):
+        m = np.where(rows > 0, rows, inf).min(axis=1)
+        return np.where(np.isfinite(m), m, 1.0)
+
+    ma, mb = smallest(la), smallest(lb)
+    a_only = np.where((la > 0) & (lb <= 0), la, 0.0).sum(axis=1)
+    b_only = np.where((lb > 0) & (la <= 0), lb, 0.0).sum(axis=1)
+    return mb * a_only + ma * b_only + np.minimum(ma * tail_b, mb * tail_a)
 
 
 def pit_values(tokens: Sequence[int], laws: np.ndarray, rng: np.random.Generator) -> np.ndarray:
