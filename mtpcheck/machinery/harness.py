@@ -193,17 +193,21 @@ class Guarded:
         except Exception as exc:
             raise BackendRaised(f"generate_stream() raised {type(exc).__name__}: {exc}") from exc
 
-    def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
-        """Capability raw_logits: the target's unprocessed logits at every
-        teacher-forced position, float64 [len(continuation), V], finite."""
-        raw = self._call("target_logits", list(prompt), list(continuation))
+    def _rows(self, what: str, raw, n: int) -> np.ndarray:
+        """A backend's per-position rows as float64 [n, V], or BackendGarbage."""
         V = self.capabilities().vocab_size
         try:
             x = np.asarray(raw, dtype=np.float64)
         except (TypeError, ValueError) as exc:
-            raise BackendGarbage(f"target_logits() returned a non-numeric {type(raw).__name__}") from exc
-        if x.shape != (len(continuation), V):
-            raise BackendGarbage(f"target_logits() shape {x.shape}, expected {(len(continuation), V)}")
+            raise BackendGarbage(f"{what}() returned a non-numeric {type(raw).__name__}") from exc
+        if x.shape != (n, V):
+            raise BackendGarbage(f"{what}() shape {x.shape}, expected {(n, V)}")
+        return x
+
+    def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:
+        """Capability raw_logits: the target's unprocessed logits at every
+        teacher-forced position, float64 [len(continuation), V], finite."""
+        x = self._rows("target_logits", self._call("target_logits", list(prompt), list(continuation)), len(continuation))
         if not np.all(np.isfinite(x)):
             bad = np.argwhere(~np.isfinite(x))[:3].tolist()
             raise BackendGarbage(f"target_logits() holds non-finite logits (row, token) {bad}")
@@ -211,13 +215,7 @@ class Guarded:
 
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
         raw = self._call("target_distributions", list(prompt), list(continuation), sampling)
-        V = self.capabilities().vocab_size
-        try:
-            p = np.asarray(raw, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise BackendGarbage(f"target_distributions() returned a non-numeric {type(raw).__name__}") from exc
-        if p.shape != (len(continuation), V):
-            raise BackendGarbage(f"target_distributions() shape {p.shape}, expected {(len(continuation), V)}")
+        p = self._rows("target_distributions", raw, len(continuation))
         if not np.all(np.isfinite(p)) or (p < 0).any():
             raise BackendGarbage("target_distributions() holds negative or non-finite probabilities")
         sums = p.sum(axis=1)
