@@ -3,7 +3,7 @@ drafter must draft min(depth, room) every round; a drafter that may find nothing
 to propose (n-gram, prompt lookup) may draft 0..depth, never more."""
 
 from mtpcheck.contracts import GenerationRequest, GenerationResult, SpeculationReport
-from mtpcheck.suite.test_zoo_clauses import depth_problems
+from mtpcheck.machinery.checks import depth_problems
 
 
 def result(draft_lens, accept_lens, depth=3):

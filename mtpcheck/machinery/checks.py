@@ -137,6 +137,34 @@ def finish_problems(res: GenerationResult, req: GenerationRequest, caps: Capabil
     return out
 
 
+def rounds_with_room(s, max_tokens: int, depth: int, first_token_from_prefill: bool = True):
+    """The report's rounds as (round, accepted, drafted, tokens emitted before
+    it, room): room = min(depth, what the budget leaves after the round's
+    correction or bonus) - what a fixed-depth drafter must draft."""
+    emitted = int(first_token_from_prefill)  # the prefill token, on the schedules that have one
+    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
+        yield r, a, d, emitted, min(depth, max_tokens - emitted - 1)
+        emitted += a + 1
+
+
+def depth_problems(res: GenerationResult, req: GenerationRequest, depth: int,
+                   first_token_from_prefill: bool = True, drafting: str = "fixed") -> list[str]:
+    """REPORT-DEPTH: each round drafts min(depth, room) <= d <= depth proposals
+    (drafting="fixed"), or 0 <= d <= depth for a drafter that may find nothing
+    to propose (drafting="up_to_k": n-gram, prompt lookup, confidence thresholds)."""
+    s = res.speculation
+    if not s.used:
+        return []
+    out = [] if s.num_draft_tokens == depth else [f"num_draft_tokens={s.num_draft_tokens}, requested {depth}"]
+    for r, _, d, emitted, room in rounds_with_room(s, req.max_tokens, depth, first_token_from_prefill):
+        low = room if drafting == "fixed" else 0  # never more than the depth, under either policy
+        if not low <= d <= depth:
+            want = f"{room}" if drafting == "fixed" else f"0..{depth} (drafting={drafting})"
+            out.append(f"round {r}: drafted {d} proposals, expected {want} (depth {depth}, {emitted} tokens emitted "
+                       f"of {req.max_tokens})")
+    return out
+
+
 def honesty_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
     """REPORT-HONEST: used=True says speculation ran. Under a fixed drafting
     policy every round with room drafts; a round that drafted nothing with
@@ -145,14 +173,11 @@ def honesty_problems(res: GenerationResult, req: GenerationRequest, caps: Capabi
     s = res.speculation
     if not s.used or caps.drafting != "fixed" or (s.adaptive_disabled and s.message):
         return []
-    out, emitted = [], int(caps.first_token_from_prefill)
-    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
-        room = min(max(s.num_draft_tokens, 1), req.max_tokens - emitted - 1)
-        if d == 0 and room >= 1:
-            out.append(f"round {r}: drafted nothing with room for {room} (after {emitted} of {req.max_tokens} "
-                       "tokens) while the report says used=True and not adaptive_disabled")
-        emitted += a + 1
-    return out
+    return [f"round {r}: drafted nothing with room for {room} (after {emitted} of {req.max_tokens} tokens) while "
+            "the report says used=True and not adaptive_disabled"
+            for r, _, d, emitted, room in rounds_with_room(s, req.max_tokens, max(s.num_draft_tokens, 1),
+                                                           caps.first_token_from_prefill)
+            if d == 0 and room >= 1]
 
 
 # -- traces ------------------------------------------------------------------

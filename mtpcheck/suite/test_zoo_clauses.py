@@ -5,32 +5,12 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import GenerationRequest, GenerationResult, SamplingParams
+from mtpcheck.machinery.checks import depth_problems
 from mtpcheck.machinery.configs import request, skip_unless_depth, spec_for
 
 DRAFT_ATOL = 1e-3  # float32 batched prefill vs incremental forwards differ by ~1e-6
 PROMPTS = 4  # fixture prompts per test
 FRESH_ROUNDS = 8  # rounds re-drafted from a fresh request per generation
-
-
-def depth_problems(res: GenerationResult, req: GenerationRequest, depth: int,
-                   first_token_from_prefill: bool = True, drafting: str = "fixed") -> list[str]:
-    """REPORT-DEPTH: each round drafts min(depth, room) <= d <= depth proposals
-    (drafting="fixed"), or 0 <= d <= depth for a drafter that may find nothing
-    to propose (drafting="up_to_k": n-gram, prompt lookup, confidence thresholds)."""
-    s = res.speculation
-    if not s.used:
-        return []
-    out = [] if s.num_draft_tokens == depth else [f"num_draft_tokens={s.num_draft_tokens}, requested {depth}"]
-    emitted = int(first_token_from_prefill)  # the prefill token, on the schedules that have one
-    for r, (a, d) in enumerate(zip(s.accept_lens, s.draft_lens, strict=False)):
-        room = min(depth, req.max_tokens - emitted - 1)
-        low = room if drafting == "fixed" else 0  # never more than the depth, under either policy
-        if not low <= d <= depth:
-            want = f"{room}" if drafting == "fixed" else f"0..{depth} (drafting={drafting})"
-            out.append(f"round {r}: drafted {d} proposals, expected {want} (depth {depth}, {emitted} tokens emitted "
-                       f"of {req.max_tokens})")
-        emitted += a + 1
-    return out
 
 
 @pytest.mark.contract("REPORT-DEPTH")
