@@ -23,3 +23,22 @@ def test_black_box_serves_what_it_declares_and_hides_traces():
     assert all(r.trace is None and r.logprobs is None for r in batch + single)
     with pytest.raises(AttributeError, match="no open_scheduler"):
         _ = bb.open_scheduler
+
+
+def test_server_mask_keeps_concurrency_and_logprobs_and_hides_the_hooks():
+    from mtpcheck.backends.blackbox import HOOKS
+
+    sv = load_black_box("toy", mask="server")
+    caps = sv.capabilities()
+    assert all(getattr(caps, k) is False for k in HOOKS)
+    assert caps.logprobs and caps.concurrent and caps.streaming
+    req = _req(4).model_copy(update={"logprobs": True})
+    res = sv.generate(req)
+    assert res.trace is None and res.logprobs is not None
+    assert [r.tokens for r in sv.generate_batch([req, _req(5)])] == [res.tokens, sv.generate(_req(5)).tokens]
+    with pytest.raises(ValueError, match="mask='x'"):
+        load_black_box("toy", mask="x")
+
+
+def test_output_mask_withholds_concurrency():
+    assert not load_black_box("toy").capabilities().concurrent

@@ -207,3 +207,35 @@ def test_full_zoo_every_mutant_killed_as_declared(request, tmp_path):
     runs = run_zoo(list(MUTANTS), "plausible", jobs=2, workdir=tmp_path)
     bad = [_explain(r) for r in runs if r.verdict != "killed"]
     assert not bad, "\n".join(bad)
+
+
+def test_zoo_config_names_match_the_suite_and_select_exactly():
+    """dist_select keeps one configuration with pytest -k (substring match): no name may contain another."""
+    from mtpcheck.machinery.configs import DIST_CONFIGS as SUITE
+    from mtpcheck.mutants.run import DIST_CONFIG, DIST_CONFIGS
+
+    assert DIST_CONFIGS == tuple(SUITE)
+    assert not [(a, b) for a in DIST_CONFIGS for b in DIST_CONFIGS if a != b and a in b]
+    assert set(DIST_CONFIG.values()) <= set(DIST_CONFIGS)
+
+
+def test_kill_matrix_renders_the_server_column():
+    white = [MutantRun("a", "B12", "bug a", ["X-ONE"], ["X-ONE"], {"X-ONE": "failed"})]
+    black = [MutantRun("a", "B12", "bug a", ["X-ONE"], ["X-ONE"], {"X-ONE": "skipped"}, black_box=True,
+                       invisible="only requests in flight together share it")]
+    server = [MutantRun("a", "B12", "bug a", ["X-ONE"], ["X-ONE"], {"X-ONE": "failed"}, black_box=True, server=True)]
+    meta = {"profile": "ci", "seed": 1, "base": "toy", "clause_mode": "plausible", "select": "per-mutant",
+            "jobs": 1, "cpus": 2, "wall_s": 1.0}
+    text = render_markdown(white, meta, black, meta, server, meta)
+    assert "1 of 1 killed by the server mask" in text and "server: killed by" in text
+    assert "| X-ONE | killed |" in text
+
+
+def test_server_visible_mutants_are_killable_by_the_server_mask():
+    """A mutant the server mask shows (server_visible) runs with an empty invisibility reason there."""
+    from mtpcheck.mutants.run import plausible_clauses
+
+    for name in ("shared-random-stream", "shared-generator-when-concurrent", "draft-logprobs", "zero-logprobs"):
+        m = MUTANTS[name]
+        assert m.server_visible and m.invisible
+        assert {"CONCURRENT-EQUALS-SOLO", "LOGPROBS"} <= set(plausible_clauses(m, True, server=True))

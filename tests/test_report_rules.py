@@ -39,6 +39,15 @@ def test_a_stop_finish_ends_on_a_stop_token():
     assert finish_problems(result([5, 5, 4], "stop"), strings, CAPS) == []
 
 
+def test_a_stop_token_at_the_budget_is_a_stop_not_a_length_finish():
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=3)
+    assert finish_problems(result([5, 5, 0], "stop"), req, CAPS) == []
+    wrong = finish_problems(result([5, 5, 0], "length"), req, CAPS)
+    assert wrong and "finish_reason='length' but the last token 0 is a stop token" in wrong[0]
+    ignored = req.model_copy(update={"stop_token_ids": []})  # the request stops on nothing: length is right
+    assert finish_problems(result([5, 5, 0], "length"), ignored, CAPS) == []
+
+
 def test_used_means_every_round_with_room_drafted():
     req = GenerationRequest(prompt_tokens=[1], max_tokens=12)
     honest = result([5] * 12, "length", draft_lens=[3, 3, 3], accept_lens=[3, 1, 2])

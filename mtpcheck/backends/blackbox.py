@@ -1,11 +1,16 @@
-"""A backend seen from its output only: the white-box capabilities withheld.
+"""A backend seen from outside: the white-box capabilities withheld.
 
-Real runtimes (mlx-vlm, mlx-lm, llama.cpp, vLLM, SGLang) expose no round
-traces, scheduler or constraint hooks; `BlackBox(backend)` declares what such
-a runtime declares, so the suite judges the wrapped backend by the black-box
-clauses alone (`mtpcheck mutants --black-box`, issue 12). A mask, not an edit
-of each mutant: the wrapped backend keeps its bug; only what the suite can see
-of it changes.
+Two masks (`mtpcheck mutants --black-box` / `--server`, issues 12 and 23):
+
+* ``output``: what a runtime shows in its final tokens alone - no round
+  traces, logprobs, scheduler, lookahead or constraint hooks, and requests
+  served one at a time (generate_batch kept, `concurrent` withheld);
+* ``server``: what a real server shows through its ordinary API - only the
+  traces and the hooks (scheduler, lookahead, constraint states) withheld;
+  requests in flight together, logprobs and streams kept as declared.
+
+A mask, not an edit of each mutant: the wrapped backend keeps its bug; only
+what the suite can see of it changes.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ from mtpcheck.contracts import GenerationRequest, GenerationResult
 # what a runtime without hooks declares; everything else (laws, seeds, text,
 # streaming, checkpoint folders) is kept as the wrapped backend declares it
 WHITE_BOX = {"traces": False, "logprobs": False, "scheduler": False, "lookahead": False, "constraints": False}
+HOOKS = {"traces": False, "scheduler": False, "lookahead": False, "constraints": False}
+MASKS = {"output": {**WHITE_BOX, "concurrent": False}, "server": HOOKS}
 # the optional methods a runtime without hooks may still offer
 PASSED_THROUGH = ("encode", "decode", "checkpoints", "generate_stream")
 
 
 class BlackBox:
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, mask: str = "output"):
+        if mask not in MASKS:
+            raise ValueError(f"mask={mask!r}: expected one of {', '.join(MASKS)}")
+        self.inner, self.mask = inner, mask
 
     def __getattr__(self, name: str):
         # only the optional black-box surface; open_scheduler and the like stay hidden
@@ -30,18 +39,22 @@ class BlackBox:
         raise AttributeError(f"{type(self.inner).__name__} seen black-box has no {name}")
 
     def capabilities(self):
-        return self.inner.capabilities().model_copy(update=WHITE_BOX)
+        return self.inner.capabilities().model_copy(update=MASKS[self.mask])
+
+    def _seen(self, res: GenerationResult) -> GenerationResult:
+        return res.model_copy(update={"trace": None, **({"logprobs": None} if self.mask == "output" else {})})
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        res = self.inner.generate(request.model_copy(update={"trace": False}))
-        return res.model_copy(update={"trace": None, "logprobs": None})
+        return self._seen(self.inner.generate(request.model_copy(update={"trace": False})))
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        # a runtime that batches (parallel slots) may declare it black-box too; same mask as generate
+        # served together where the mask keeps `concurrent`; one after another where it does not
         if not hasattr(self.inner, "generate_batch"):
             raise AttributeError(f"{type(self.inner).__name__} seen black-box has no generate_batch")
-        results = self.inner.generate_batch([r.model_copy(update={"trace": False}) for r in requests])
-        return [res.model_copy(update={"trace": None, "logprobs": None}) for res in results]
+        reqs = [r.model_copy(update={"trace": False}) for r in requests]
+        if self.mask == "output":
+            return [self.generate(r) for r in reqs]
+        return [self._seen(res) for res in self.inner.generate_batch(reqs)]
 
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)
@@ -51,9 +64,11 @@ class BlackBox:
         return self.inner.target_logits(prompt, continuation)
 
 
-def load_black_box(backend: str = "toy", **options: str) -> BlackBox:
+def load_black_box(backend: str = "toy", mask: str = "output", **options: str) -> BlackBox:
     """Backend factory: `--mtp-backend=mtpcheck.backends.blackbox:load_black_box
-    --mtp-backend-option backend=NAME [other options of that backend]`."""
+    --mtp-backend-option backend=NAME [mask=output|server] [other options of that backend]`."""
     from mtpcheck.backends import load_backend
 
-    return BlackBox(load_backend(backend, options))
+    if mask not in MASKS:
+        raise ValueError(f"mask={mask!r}: expected one of {', '.join(MASKS)}")
+    return BlackBox(load_backend(backend, options), mask)

@@ -43,7 +43,9 @@ def free_port() -> int:
 
 
 class Client:
-    """JSON over one keep-alive HTTP/1.1 connection (re-opened on failure)."""
+    """JSON over keep-alive HTTP/1.1, one connection per calling thread
+    (re-opened on failure): concurrent requests (serve_together) each hold
+    their own connection, as concurrent users do."""
 
     def __init__(self, url: str, timeout: float = 300.0):
         parts = urlsplit(url if "://" in url else f"http://{url}")
@@ -53,18 +55,38 @@ class Client:
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or (443 if self.https else 80)
         self.base = parts.path.rstrip("/")
-        self.conn: http.client.HTTPConnection | None = None
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []  # every thread's, for close()
+        self._lock = threading.Lock()
+
+    @property
+    def conn(self) -> http.client.HTTPConnection | None:
+        return getattr(self._local, "conn", None)
 
     def _connect(self) -> http.client.HTTPConnection:
         if self.conn is None:
             cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            self.conn = cls(self.host, self.port, timeout=self.timeout)
+            self._local.conn = cls(self.host, self.port, timeout=self.timeout)
+            with self._lock:
+                self._all.append(self._local.conn)
         return self.conn
 
+    def _drop(self) -> None:
+        """Close this thread's connection."""
+        conn = self.conn
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+            with self._lock:
+                self._all = [c for c in self._all if c is not conn]
+
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        """Close every thread's connection."""
+        with self._lock:
+            conns, self._all = self._all, []
+        for c in conns:
+            c.close()
+        self._local = threading.local()
 
     def request(self, method: str, path: str, body: dict | None = None, stream: bool = False):
         """(status, parsed JSON) or, with `stream`, (status, iterator of SSE data objects)."""
@@ -77,7 +99,7 @@ class Client:
                 resp = conn.getresponse()
                 break
             except (ConnectionError, http.client.HTTPException, OSError):
-                self.close()
+                self._drop()
                 if attempt:
                     raise
         if stream and resp.status == 200:
@@ -104,7 +126,7 @@ class Client:
             resp.read()
         finally:
             if not resp.isclosed():
-                self.close()  # the stream was abandoned part-way: the connection is not reusable
+                self._drop()  # the stream was abandoned part-way: the connection is not reusable
 
     def post(self, path: str, body: dict) -> dict:
         status, out = self.request("POST", path, body)
@@ -120,6 +142,24 @@ class Client:
 
     def get(self, path: str):
         return self.request("GET", path)
+
+
+def serve_together(generate, requests: list, slots: int, stagger_s: float = 0.02) -> list:
+    """generate_batch for a server with `slots` parallel slots (capability
+    `concurrent`): each request on its own thread and connection, at most
+    `slots` in flight, request i sent `stagger_s` after request i-1, so
+    requests join while others are in flight and leave when done, as
+    concurrent users do. Results in request order; the first error raises
+    once every thread has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="mtpcheck-user") as pool:
+        futures = []
+        for i, req in enumerate(requests):
+            if i and stagger_s:
+                time.sleep(stagger_s)
+            futures.append(pool.submit(generate, req))
+        return [f.result() for f in futures]
 
 
 def _short(obj, n: int = 300) -> str:

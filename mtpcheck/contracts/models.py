@@ -266,6 +266,13 @@ class Capabilities(_Strict):
         False, description="generate_batch(requests) serves several requests at once and returns their results in"
         " order, each as generate() would; the statistical clauses then draw their samples through it",
     )
+    concurrent: bool = Field(
+        False, description="generate_batch serves its requests together, in flight at once, as the runtime serves"
+        " concurrent users (HTTP: concurrent connections; a library: its batch API; the reference: its scheduler),"
+        " requests joining while others run and leaving when done. CONCURRENT-EQUALS-SOLO then checks that each"
+        " request gives what it gives alone, and the report says the statistical samples were drawn concurrently."
+        " False with generate_batch: a speed path that serves the requests one after another",
+    )
     near_tie_logit_gap: float = Field(
         1e-3, ge=0.0, le=1.0,
         description="GREEDY-EQUIV excuses a greedy divergence only where the target's top-2 logit gap, log(p1/p2)"
@@ -301,6 +308,12 @@ class Capabilities(_Strict):
         " forward (mtpcheck.contracts.check_prompt_length). None: undeclared",
     )
     notes: str = ""
+
+    @model_validator(mode="after")
+    def _concurrent_needs_batch(self):
+        if self.concurrent and not self.generate_batch:
+            raise ValueError("concurrent=True needs generate_batch=True: requests are served together through it")
+        return self
 
 
 class StreamChunk(_Strict):

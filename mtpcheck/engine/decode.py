@@ -261,7 +261,7 @@ class Engine:
         hidden, logits = self.target(mx.array(st.history)[None], st.cache)
         if st.drafter is not None:
             st.drafter.observe(0, hidden[0])
-        p = process(masked(np.array(logits[0, -1], dtype=np.float64), st.cursor.mask), sp, st.history)
+        p = self.target_law(masked(np.array(logits[0, -1], dtype=np.float64), st.cursor.mask), sp, st.history)
         tok = sample(p, self.uniform(st.seed, STREAM_TARGET, len(st.history)))
         self._commit(st, [tok], [_logprob(p, tok)])
         st.history.append(tok)
@@ -499,6 +499,10 @@ class Engine:
         if cursor.dfa is not None:
             st.constraint_log.append((len(st.out.tokens), cursor.state))
 
+    def target_law(self, logits: np.ndarray, sp, history: list[int]) -> np.ndarray:
+        """The target's processed law from one row of logits [V] (prefill and verification)."""
+        return process(logits, sp, history)
+
     def _verify(self, history, cache, block: DraftBlock, sp, seed, cursor: Cursor):
         """One target pass over [pending, d_1..d_k] -> the rule's verdict. Each
         row is masked at its exact history (a transaction-local cursor)."""
@@ -509,7 +513,8 @@ class Engine:
         for d in block.tokens:  # a forbidden proposal (p = 0) is surely rejected: rows after it go unused
             c = cursors[-1]
             cursors.append(c.advance(d) if c.mask is None or c.mask[d] else c)
-        ps = np.stack([process(masked(rows[j], cursors[j].mask), sp, history + block.tokens[:j]) for j in range(k + 1)])  # [k+1, V]
+        ps = np.stack([self.target_law(masked(rows[j], cursors[j].mask), sp, history + block.tokens[:j])
+                       for j in range(k + 1)])  # [k+1, V]
         positions = range(block.position, block.position + k + 1)
         au = np.array([self.uniform(seed, STREAM_ACCEPT, pos) for pos in positions[:k]])
         tu = np.array([self.uniform(seed, STREAM_TARGET, pos) for pos in positions])

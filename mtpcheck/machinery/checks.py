@@ -39,6 +39,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "constraints": lambda c: c.constraints,
     "inspection": lambda c: c.checkpoint_evidence,
     "streaming": lambda c: c.streaming,
+    "concurrent": lambda c: c.generate_batch and c.concurrent,
 }
 
 
@@ -122,7 +123,8 @@ def stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabili
 
 def finish_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
     """STATS-CONSISTENT's finish rules: a budget that ended the request was
-    spent ("length" means max_tokens tokens), and "stop" without stop strings
+    spent ("length" means max_tokens tokens) and did not end on a stop token
+    (a stop at the budget is a stop), and "stop" without stop strings
     means the last token is a stop token (the request's stop_token_ids, else
     the backend's EOS ids; the suite's convention, STOP-IN-BLOCK's too, is that
     the stop token is emitted)."""
@@ -134,6 +136,9 @@ def finish_problems(res: GenerationResult, req: GenerationRequest, caps: Capabil
     if res.finish_reason == "stop" and not req.stop and stops and res.tokens and res.tokens[-1] not in stops:
         out.append(f"finish_reason='stop' but the last token {res.tokens[-1]} is no stop token "
                    f"({sorted(stops)[:8]}) and the request has no stop string")
+    if res.finish_reason == "length" and res.tokens and res.tokens[-1] in stops:
+        out.append(f"finish_reason='length' but the last token {res.tokens[-1]} is a stop token: a stop at the "
+                   "budget's last token is a stop")
     return out
 
 
@@ -386,6 +391,20 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def token_role(res: GenerationResult, i: int, first_token_from_prefill: bool = True) -> str:
+    """What output token i was in the reported rounds: "prefill", "accepted"
+    (a verified proposal), "bonus", "correction", or "plain" (no round holds it)."""
+    s = res.speculation
+    start = int(first_token_from_prefill)
+    if i < start:
+        return "prefill"
+    for a, d in zip(s.accept_lens, s.draft_lens, strict=False) if s.used else ():
+        if i < start + a + 1:
+            return "accepted" if i - start < a else ("bonus" if a == d else "correction")
+        start += a + 1
+    return "plain"
 
 
 def divergence_mechanism(res: GenerationResult, i: int, first_token_from_prefill: bool = True) -> str:

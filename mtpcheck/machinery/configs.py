@@ -25,9 +25,9 @@ from mtpcheck.laws.stats import SUITE_ALPHA
 # rest, DIST_ALPHA each.
 INDEPENDENCE_ALPHA = 1e-8
 INDEPENDENCE_TESTS = 2
-# rank G-test and PIT-KS for each of the six DIST_CONFIGS, and DIST-CONTEXT's
+# rank G-test and PIT-KS for each of the eight DIST_CONFIGS, and DIST-CONTEXT's
 # test (three stages sharing one DIST_ALPHA) for each of the CONTEXT_CONFIGS
-STAT_SUBTESTS = 12 + 3
+STAT_SUBTESTS = 16 + 3
 DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
 # -- the sampling configurations --------------------------------------------------
@@ -37,9 +37,16 @@ DIST_CONFIGS = {
     "top_k": SamplingParams(temperature=0.8, top_k=8),
     "top_p": SamplingParams(temperature=1.0, top_p=0.8),
     "min_p": SamplingParams(temperature=1.2, min_p=0.05),
-    # temperatures without filters (issue 12): a bug in tempering shows where T != 1
-    "temp_0_7": SamplingParams(temperature=0.7),
-    "temp_1_3": SamplingParams(temperature=1.3),
+    # every filter on both sides of T = 1 (issue 23): a processor-order bug (a cut on the temperature-1
+    # law, then tempering) shows only where a filter meets T != 1. With top_k at 0.8 and min_p at 1.2
+    # above, these make each filter cross both sides; the two top-p ones replace issue 12's unfiltered
+    # T = 0.7 and 1.3 and carry their tempering (a runtime that refuses top-k or min-p with speculation,
+    # as vLLM does, still speculates on them). No name is a substring of another: the zoo selects one
+    # configuration with pytest -k
+    "topp_cool": SamplingParams(temperature=0.7, top_p=0.8),
+    "topp_hot": SamplingParams(temperature=1.3, top_p=0.8),
+    "topk_hot": SamplingParams(temperature=1.3, top_k=8),
+    "minp_cool": SamplingParams(temperature=0.7, min_p=0.05),
 }
 
 # DIST-CONTEXT: the configurations with a filter. A bug that acts through the

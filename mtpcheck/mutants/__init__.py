@@ -28,6 +28,9 @@ class Mutant:
     scope: str = "engine"
     # why output alone cannot show it (the black-box column lists these instead of requiring a kill)
     invisible: str = ""
+    # what a server shows beyond its final tokens (requests in flight together, logprobs) shows it:
+    # the server column (mask server) must kill it though the output-only column cannot
+    server_visible: bool = False
     # a bug whose effect needs another base backend or a larger sample than the zoo's
     # default (toy, ci) runs there; `needs` says why (the kill matrix prints it)
     base: str | None = None
@@ -114,6 +117,8 @@ ZOO: list[Mutant] = [
            ("TRACE-ACCEPT", "DIST-EQUIV"), _zoo("argmax_draft")),
     Mutant("one-sided-temperature", "B02", "target law left at temperature 1 in verification",
            ("DIST-EQUIV", "TRACE-ACCEPT"), _one_sided_temperature),
+    Mutant("nucleus-before-temperature", "B02", "the target sampler cuts top-p on the temperature-1 law, then tempers",
+           ("DIST-ZERO", "DIST-EQUIV"), _zoo("nucleus_before_temperature")),
     Mutant("target-filters-dropped", "B02", "top-k/top-p/min-p applied to the draft law only, not the target's",
            ("DIST-ZERO", "DIST-EQUIV", "TRACE-ACCEPT"), _zoo("target_filters_dropped")),
     Mutant("draft-sampler-unprocessed", "B02", "the drafter samples the raw softmax but reports the processed q",
@@ -163,6 +168,8 @@ ZOO: list[Mutant] = [
            ("STREAM-COMMIT-ONLY",), _zoo("stream_publishes_proposals"), scope="backend"),
     Mutant("stop-checked-per-block", "B10", "EOS and stop strings checked on the last token of a block only",
            ("STOP-IN-BLOCK",), _zoo("stop_checked_per_block"), TWIN),
+    Mutant("budget-before-stop", "B10", "a stop token that is also the last allowed token ends a round as 'length'",
+           ("STOP-IN-BLOCK",), _zoo("budget_before_stop")),
     Mutant("counts-rejected-tail", "B11", "accepted counts include the rejected tail",
            ("STATS-CONSISTENT", "SCHED-CANCEL"), _zoo("counts_rejected_tail")),
     Mutant("counts-cancelled-round", "B11", "a cancel counts the in-flight block as a verified round",
@@ -172,8 +179,15 @@ ZOO: list[Mutant] = [
            ("LOOKAHEAD-STATS",), _zoo("uncounted_branch_discards"),
            invisible="lookahead needs the scheduler hook, withheld black-box"),
     Mutant("shared-random-stream", "B12", "one random stream reseeded per request (mlx-lm style)",
-           ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"), _zoo("shared_random_stream"),
-           invisible="a solo request is reseeded at admission and repeats exactly; only concurrent requests (the scheduler hook, withheld) share the stream"),
+           ("SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV", "CONCURRENT-EQUALS-SOLO"),
+           _zoo("shared_random_stream"),
+           invisible="a solo request is reseeded at admission and repeats exactly; only requests in flight together "
+                     "(concurrency and the scheduler hook, withheld output-only) share the stream", server_visible=True),
+    Mutant("shared-generator-when-concurrent", "B12",
+           "position-addressed draws alone, one shared generator while two requests are in flight",
+           ("CONCURRENT-EQUALS-SOLO", "SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS"), _zoo("shared_when_concurrent"),
+           invisible="every request is exact alone; only requests in flight together (concurrency, withheld "
+                     "output-only) share the generator", server_visible=True),
     Mutant("unseeded-acceptance", "B12", "acceptance uniforms from an unseeded generator",
            ("SEED-DETERMINISM", "SCHED-INTERLEAVE", "SCHED-CONCURRENT-SEEDS", "LOOKAHEAD-EQUIV"),
            _zoo("unseeded_acceptance")),
@@ -194,10 +208,10 @@ ZOO: list[Mutant] = [
            ("TRACE-ACCEPT", "DIST-ZERO", "DIST-EQUIV"), _zoo("confident_draft_accepted")),
     Mutant("draft-logprobs", "B14", "accepted proposals report the draft's logprob",
            ("LOGPROBS",), _zoo("draft_logprobs"),
-           invisible="logprobs are withheld black-box (mlx-lm and mlx-vlm declare none)"),
+           invisible="logprobs are withheld black-box (mlx-lm and mlx-vlm declare none)", server_visible=True),
     Mutant("zero-logprobs", "B14", "accepted proposals report logprob 0",
            ("LOGPROBS",), _zoo("zero_logprobs"),
-           invisible="logprobs are withheld black-box (mlx-lm and mlx-vlm declare none)"),
+           invisible="logprobs are withheld black-box (mlx-lm and mlx-vlm declare none)", server_visible=True),
     Mutant("promotes-after-partial-acceptance", "B15", "a lookahead branch promoted when its first token equals a correction",
            ("LOOKAHEAD-PROMOTION", "LOOKAHEAD-EQUIV"), _zoo("promotes_after_partial_acceptance"),
            invisible="lookahead needs the scheduler hook, withheld black-box"),
@@ -247,8 +261,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
 def load_mutant(name: str, base: str = "toy", black_box: str = "0", **options: str):
     """Backend factory: `--mtp-backend=mtpcheck.mutants:load_mutant
     --mtp-backend-option name=NAME [--mtp-backend-option base=mlx]
-    [--mtp-backend-option black_box=1]` (black_box: the white-box capabilities
-    withheld, mtpcheck.backends.blackbox)."""
+    [--mtp-backend-option black_box=1|server]` (black_box: the white-box capabilities
+    withheld, mtpcheck.backends.blackbox: 1 the output-only mask, server the server mask)."""
     from mtpcheck.backends import load_backend
 
     if name not in MUTANTS:
@@ -260,5 +274,5 @@ def load_mutant(name: str, base: str = "toy", black_box: str = "0", **options: s
     if black_box not in ("0", "false", ""):
         from mtpcheck.backends.blackbox import BlackBox
 
-        return BlackBox(backend)
+        return BlackBox(backend, "server" if black_box == "server" else "output")
     return backend

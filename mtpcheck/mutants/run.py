@@ -28,18 +28,22 @@ from pathlib import Path
 from . import MUTANTS, Mutant
 
 WHITE_BOX = ("traces", "logprobs", "scheduler", "lookahead", "constraints")  # as mtpcheck.backends.blackbox (no mlx import)
+HOOKS = ("traces", "scheduler", "lookahead", "constraints")  # what the server mask withholds
 
 SANITY = ("REQ-BLOCK", "REPORT-HONEST", "STATS-CONSISTENT")  # cheap; a mutant should break only what it breaks
 # the black-box column also runs these cheap output clauses on every mutant: its
 # white-box declared clauses are withheld, so the output has to speak
 BLACK_BOX_EXTRA = ("GREEDY-EQUIV", "SEED-DETERMINISM", "STOP-IN-BLOCK", "EVENTS-COMMIT-ONLY", "STREAM-COMMIT-ONLY")
+# the server column adds what a server shows beyond its final tokens: requests in flight together, logprobs
+SERVER_EXTRA = BLACK_BOX_EXTRA + ("CONCURRENT-EQUALS-SOLO", "LOGPROBS")
 # suite clauses whose tests use no seed (temperature 0 throughout): the same result under every --mtp-seed
 SEED_FREE = ("REQ-BLOCK", "REQ-OVERRIDE", "REPORT-HONEST", "REPORT-NO-SILENT-FALLBACK", "GREEDY-EQUIV", "STOP-IN-BLOCK")
 KILLED = ("failed", "error")
 # The samples of the distribution clauses cost ~10 s per sampling configuration on
 # the toy backend (more under load). The zoo draws one of the four per mutant:
 # temperature alone, unless the bug shows only under another one.
-DIST_CONFIGS = ("temperature", "top_k", "top_p", "min_p", "temp_0_7", "temp_1_3")
+DIST_CONFIGS = ("temperature", "top_k", "top_p", "min_p", "topp_cool", "topp_hot", "topk_hot",
+                "minp_cool")  # as mtpcheck.machinery.configs.DIST_CONFIGS (tests/test_mutants.py)
 DIST_CONFIG = {
     "one-sided-temperature": "min_p",  # T = 1.2: the target left at T = 1 differs (T = 1 itself hides it)
     "target-filters-dropped": "top_k",  # filters: tokens outside the target's support
@@ -47,6 +51,7 @@ DIST_CONFIG = {
     "residual-softmax": "top_k",
     "confident-draft-accepted": "top_k",
     "draft-law-unfiltered": "top_p",  # its strongest configuration on the fixture (docs/power.md, section D)
+    "nucleus-before-temperature": "topp_cool",  # a nucleus cut before tempering: T = 1 hides it
 }
 
 
@@ -75,6 +80,7 @@ class MutantRun:
     error: str = ""
     black_box: bool = False  # run with the white-box capabilities withheld (mtpcheck.backends.blackbox)
     invisible: str = ""  # why output alone cannot show this bug (black-box column)
+    server: bool = False  # with black_box: the server mask (only traces and hooks withheld)
 
     @property
     def black_box_verdict(self) -> str:
@@ -112,13 +118,14 @@ def catalogue_ids() -> list[str]:
     return [c.id for c in load_catalogue().clause]
 
 
-def plausible_clauses(m: Mutant, black_box: bool = False) -> list[str]:
+def plausible_clauses(m: Mutant, black_box: bool = False, server: bool = False) -> list[str]:
     """Declared clauses, clauses whose catalogue entry targets the bug class, sanity
-    clauses (black-box: also BLACK_BOX_EXTRA); only clauses of the catalogue."""
+    clauses (black-box: also BLACK_BOX_EXTRA; server: SERVER_EXTRA); only clauses of the catalogue."""
     from mtpcheck.catalogue import load_catalogue
 
     targeted = {c.id for c in load_catalogue().clause if m.bug_class in c.bug_classes}
-    wanted = set(m.clauses) | targeted | set(SANITY) | (set(BLACK_BOX_EXTRA) if black_box else set())
+    extra = SERVER_EXTRA if server else BLACK_BOX_EXTRA if black_box else ()
+    wanted = set(m.clauses) | targeted | set(SANITY) | set(extra)
     return [c for c in catalogue_ids() if c in wanted]
 
 
@@ -156,19 +163,22 @@ def backend_args(options: dict[str, str], backend: str = "toy") -> list[str]:
     return [f"--mtp-backend={backend}", *(f"--mtp-backend-option={k}={v}" for k, v in options.items())]
 
 
-def mutant_backend_args(name: str, base: str = "toy", black_box: bool = False) -> list[str]:
+def mutant_backend_args(name: str, base: str = "toy", black_box: bool = False, server: bool = False) -> list[str]:
+    mask = ["--mtp-backend-option=black_box=server"] if server else ["--mtp-backend-option=black_box=1"] if black_box else []
     return ["--mtp-backend=mtpcheck.mutants:load_mutant", f"--mtp-backend-option=name={name}",
-            f"--mtp-backend-option=base={base}", *(["--mtp-backend-option=black_box=1"] if black_box else [])]
+            f"--mtp-backend-option=base={base}", *mask]
 
 
 def run_mutant(m: Mutant, clauses: list[str], workdir: Path, profile: str = "ci", seed: int = 1234,
                base: str = "toy", select: str | None = DIST_SELECT, timeout: float = 900.0,
-               black_box: bool = False) -> MutantRun:
-    """Run the suite against one mutant in a subprocess; read its JSON report."""
+               black_box: bool = False, server: bool = False) -> MutantRun:
+    """Run the suite against one mutant in a subprocess; read its JSON report.
+    server: the server mask (black_box implied)."""
+    black_box = black_box or server
     run = MutantRun(m.name, m.bug_class, m.description, list(m.clauses), list(clauses), black_box=black_box,
-                    invisible=m.invisible)
-    json_path = workdir / f"{m.name}{'.bb' if black_box else ''}.json"
-    code, data, tail, run.duration_s = suite_run(mutant_backend_args(m.name, base, black_box), clauses, json_path,
+                    invisible="" if server and m.server_visible else m.invisible, server=server)
+    json_path = workdir / f"{m.name}{'.server' if server else '.bb' if black_box else ''}.json"
+    code, data, tail, run.duration_s = suite_run(mutant_backend_args(m.name, base, black_box, server), clauses, json_path,
                                                  profile, seed, select, timeout, shrink=False)
     run.returncode = code
     if data is None:
@@ -185,7 +195,7 @@ def run_mutant(m: Mutant, clauses: list[str], workdir: Path, profile: str = "ci"
 
 def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, profile: str = "ci", seed: int = 1234,
             base: str = "toy", select: str | None = "per-mutant", workdir: Path | None = None,
-            progress=None, black_box: bool = False) -> list[MutantRun]:
+            progress=None, black_box: bool = False, server: bool = False) -> list[MutantRun]:
     """Every named mutant against its clauses; `clause_mode` is declared | plausible | all.
     `select`: a pytest -k expression, None for everything, or "per-mutant": the
     distribution clauses on the mutant's sampling configuration (DIST_CONFIG)."""
@@ -196,7 +206,7 @@ def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, pro
             return ids
         if clause_mode == "declared":
             return list(m.clauses)
-        return plausible_clauses(m, black_box)
+        return plausible_clauses(m, black_box or server, server)
 
     own = workdir is None
     tmp = tempfile.TemporaryDirectory(prefix="mtpcheck-mutants-") if own else None
@@ -207,7 +217,7 @@ def run_zoo(names: list[str], clause_mode: str = "plausible", jobs: int = 2, pro
             sel = dist_select(DIST_CONFIG.get(name, "temperature")) if select == "per-mutant" else select
             m = MUTANTS[name]
             r = run_mutant(m, clauses_for(m), work, m.profile or profile, seed, m.base or base, sel,
-                           black_box=black_box)
+                           black_box=black_box, server=server)
             if progress:
                 progress(r)
             return r
@@ -241,8 +251,10 @@ def cell(run: MutantRun, clause: str) -> str:
 
 
 def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | None = None,
-                    black_meta: dict | None = None) -> str:
-    """The kill matrix; with `black` (runs with the white-box capabilities withheld) also the black-box column."""
+                    black_meta: dict | None = None, server: list[MutantRun] | None = None,
+                    server_meta: dict | None = None) -> str:
+    """The kill matrix; with `black` (runs with the white-box capabilities withheld) also the black-box column,
+    with `server` (only traces and hooks withheld) the server column."""
     from mtpcheck.catalogue import load_catalogue
 
     clauses = load_catalogue().clause
@@ -258,7 +270,7 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
         "bug of BUG-CLASSES.md (B01-B17; mtpcheck/mutants/zoo.py), run against the conformance suite in its own pytest",
         f"process: profile `{meta['profile']}`, base seed {meta['seed']}, base backend `{meta['base']}`, "
         f"clauses: {meta['clause_mode']}"
-        + (", the distribution clauses (DIST-*) on one of their four sampling configurations per mutant: `temperature` "
+        + (", the distribution clauses (DIST-*) on one of their sampling configurations per mutant: `temperature` "
            "unless the bug shows only under another (" + ", ".join(f"`{k}`: {v}" for k, v in DIST_CONFIG.items()) + ")"
            if meta.get("select") == "per-mutant" else "") + ".",
         *[f"`{m.name}` runs on base `{m.base or meta['base']}` at profile `{m.profile or meta['profile']}`: {m.needs}."
@@ -287,12 +299,25 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
             + (f" ({black_meta['rerun']} since)" if (black_meta or {}).get("rerun") else "") + ".",
             "",
         ]
+    sv = {r.name: r for r in server or []}
+    if server:
+        v = [r.black_box_verdict for r in server]
+        lines += [
+            f"**Server column** (`mtpcheck mutants --server`): the mask withholds only what a server cannot show "
+            f"({', '.join(HOOKS)}) and keeps what it shows through its ordinary API: requests in flight together "
+            f"(capability concurrent), logprobs and streams; each runs its plausible clauses plus "
+            f"{', '.join(SERVER_EXTRA)}. **{v.count('killed')} of {len(server)} killed by the server mask**; "
+            f"{v.count('output-invisible')} invisible to a server (listed below), {v.count('survived')} survived, "
+            f"{v.count('no report')} without a report. Server wall time {(server_meta or {}).get('wall_s', 0):.0f} s"
+            + (f" ({server_meta['rerun']} since)" if (server_meta or {}).get("rerun") else "") + ".",
+            "",
+        ]
     lines += [
         "## Mutants",
         "",
         "| mutant | class | bug | declared | white-box: killed by (declared in bold) | verdict | s |"
-        + (" black-box: killed by | black-box |" if black else ""),
-        "|---|---|---|---|---|---|---|" + ("---|---|" if black else ""),
+        + (" black-box: killed by | black-box |" if black else "") + (" server: killed by | server |" if server else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if black else "") + ("---|---|" if server else ""),
     ]
     for r in runs:
         killed = ", ".join(f"**{c}**" if c in r.declared else c for c in r.killed_by) or "-"
@@ -300,6 +325,9 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
                f"{r.verdict} | {r.duration_s:.0f} |")
         if black:
             b = bb.get(r.name)
+            row += (f" {', '.join(b.killed_by) or '-'} | {b.black_box_verdict} |" if b else " | not run |")
+        if server:
+            b = sv.get(r.name)
             row += (f" {', '.join(b.killed_by) or '-'} | {b.black_box_verdict} |" if b else " | not run |")
         lines.append(row)
     lines += ["", "## Clauses", "", "| clause | kind | mutants it kills (declared in bold) | ran against |", "|---|---|---|---|"]
@@ -330,6 +358,13 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
             lines += [f"- `{r.name}` ({r.black_box_verdict}): " + (r.invisible or
                       f"ran {', '.join(c for c, o in r.outcomes.items() if o != 'skipped') or '-'}; none failed"
                       + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else "")) for r in unseen]
+    if server:
+        unseen = [r for r in server if r.black_box_verdict != "killed"]
+        if unseen:
+            lines += ["", "## Not killed by the server mask", ""]
+            lines += [f"- `{r.name}` ({r.black_box_verdict}): " + (r.invisible or
+                      f"ran {', '.join(c for c, o in r.outcomes.items() if o != 'skipped') or '-'}; none failed"
+                      + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else "")) for r in unseen]
     notes = [(r.name, c, n) for r in runs for c, n in r.notes.items() if c in r.declared and r.outcomes.get(c) in KILLED]
     if notes:
         lines += ["", "## How each declared clause caught its mutant (first message)", ""]
@@ -356,6 +391,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--black-box", action="store_true",
                    help="the black-box column: every mutant with the white-box capabilities withheld; the other "
                         "column is read from --columns and the matrix shows both")
+    p.add_argument("--server", action="store_true",
+                   help="the server column: every mutant with only traces and hooks withheld (requests in flight "
+                        "together, logprobs and streams kept)")
     p.add_argument("--columns", default=str(ROOT / "docs" / "mutants.json"),
                    help="where both columns' runs are kept between runs (default docs/mutants.json); '-' for none")
     p.set_defaults(func=mutants_main)
@@ -380,10 +418,10 @@ def mutants_main(args) -> int:
 
     t0 = time.perf_counter()
     runs = run_zoo(names, args.clauses, args.jobs, args.profile, args.seed, args.base, select, progress=progress,
-                   black_box=args.black_box)
+                   black_box=args.black_box, server=args.server)
     meta = {"profile": args.profile, "seed": args.seed, "base": args.base, "clause_mode": args.clauses,
             "select": select, "jobs": args.jobs, "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0}
-    column = "black-box" if args.black_box else "white-box"
+    column = "server" if args.server else "black-box" if args.black_box else "white-box"
     columns = load_columns(args.columns)
     if args.columns != "-":  # keep this column for the next run of the other one
         old_runs, old_meta = columns.get(column, ([], {}))
@@ -399,14 +437,15 @@ def mutants_main(args) -> int:
     if args.out != "-" and "white-box" in columns:
         white, white_meta = columns["white-box"]
         black, black_meta = columns.get("black-box", (None, None))
-        Path(args.out).write_text(render_markdown(white, white_meta, black, black_meta))
+        server, server_meta = columns.get("server", (None, None))
+        Path(args.out).write_text(render_markdown(white, white_meta, black, black_meta, server, server_meta))
         print(f"wrote {args.out}")
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"verdict": r.verdict} for r in runs]},
                                               indent=2) + "\n")
-    if args.black_box:
+    if args.black_box or args.server:
         bad = [r.name for r in runs if r.black_box_verdict not in ("killed", "output-invisible")]
-        print(f"{sum(r.black_box_verdict == 'killed' for r in runs)} of {len(runs)} mutants killed black-box, "
+        print(f"{sum(r.black_box_verdict == 'killed' for r in runs)} of {len(runs)} mutants killed {column}, "
               f"{sum(r.black_box_verdict == 'output-invisible' for r in runs)} output-invisible, in "
               f"{meta['wall_s']:.0f} s" + (f"; not: {', '.join(bad)}" if bad else ""))
         return 1 if bad else 0
@@ -417,7 +456,7 @@ def mutants_main(args) -> int:
 
 
 def load_columns(path: str) -> dict[str, tuple[list[MutantRun], dict]]:
-    """The kept columns ('white-box', 'black-box') of docs/mutants.json; {} when absent."""
+    """The kept columns ('white-box', 'black-box', 'server') of docs/mutants.json; {} when absent."""
     if path == "-" or not Path(path).is_file():
         return {}
     data = json.loads(Path(path).read_text())

@@ -19,7 +19,7 @@ import random
 import mlx.core as mx
 import numpy as np
 
-from mtpcheck.contracts import SamplingParams, StreamChunk, TokenEvent
+from mtpcheck.contracts import FinishEvent, SamplingParams, StopEvent, StreamChunk, TokenEvent
 from mtpcheck.engine.acceptance import (
     Rule,
     Verdict,
@@ -125,6 +125,22 @@ class TargetFiltersDropped(Engine):
 
 def target_filters_dropped(engine):
     become(engine, TargetFiltersDropped)
+
+
+class NucleusBeforeTemperature(Engine):
+    """The target sampler cuts the nucleus (top-p) on the temperature-1 law,
+    then tempers the survivors (processors in the wrong order): exact at T = 1
+    and without top-p, wrong wherever a nucleus meets another temperature."""
+
+    def target_law(self, logits, sp, history):
+        if sp.temperature in (0.0, 1.0) or sp.top_p is None:
+            return super().target_law(logits, sp, history)
+        keep = process(logits, SamplingParams(temperature=1.0, top_p=sp.top_p), history) > 0
+        return super().target_law(np.where(keep, logits, -np.inf), sp.model_copy(update={"top_p": None}), history)
+
+
+def nucleus_before_temperature(engine):
+    become(engine, NucleusBeforeTemperature)
 
 
 class UnprocessedDraftSampler:
@@ -393,6 +409,26 @@ def stop_checked_per_block(engine):
     become(engine, StopCheckedPerBlock)
 
 
+class BudgetBeforeStop(Engine):
+    """Committing a speculative round (not the prefill), the budget is checked before the stop:
+    a stop token that is also the last allowed token ends the request as
+    "length", with no stop event (tokens exact)."""
+
+    def _commit(self, st, emitted, logprobs):
+        before = len(st.out.tokens)
+        c = super()._commit(st, emitted, logprobs)
+        out = st.out
+        if st.plan.used and before and out.finish_reason == "stop" and len(out.tokens) == st.req.max_tokens \
+                and out.tokens[-1] in st.matcher.eos:
+            out.finish_reason = "length"
+            out.events = [e for e in out.events if not isinstance(e, StopEvent | FinishEvent)] + [FinishEvent(reason="length")]
+        return c
+
+
+def budget_before_stop(engine):
+    become(engine, BudgetBeforeStop)
+
+
 # -- B11 statistics wrong --------------------------------------------------------------------
 
 
@@ -470,6 +506,29 @@ class SharedStreamDraw:
 def shared_random_stream(engine):
     become(engine, SharedStream)
     with_drafters(engine, SharedStreamDraw, attrs={"engine": engine})
+
+
+class SharedWhenConcurrent(Engine):
+    """Position-addressed draws for a request served alone; while two or more
+    are in flight every uniform comes from one generator of the runtime
+    (vLLM #6038's shape): each request is right alone, and every solo clause
+    passes it."""
+
+    shared = random.Random(0)
+
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        self.live = [s for s in getattr(self, "live", []) if not s.done] + [st]
+        return st
+
+    def uniform(self, seed, stream, position):
+        if sum(not s.done for s in getattr(self, "live", [])) > 1:
+            return self.shared.random()
+        return super().uniform(seed, stream, position)
+
+
+def shared_when_concurrent(engine):
+    become(engine, SharedWhenConcurrent)
 
 
 class UnseededAcceptance(Engine):

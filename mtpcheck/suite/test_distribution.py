@@ -56,14 +56,24 @@ def samples(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
     return get
 
 
-def _obs(backend, caps, config, runs, excused=None):
+@pytest.fixture(scope="module")
+def observed():
+    """(config, id(result)) -> (result, observations, flips): DIST-ZERO and DIST-EQUIV judge the same runs once."""
+    return {}
+
+
+def _obs(backend, caps, config, runs, excused=None, memo=None):
     """Observations of the runs; zero-probability tokens at a float flip of a
     filter boundary (caps.filter_boundary_tolerance) go to `excused`."""
     sp, tol = DIST_CONFIGS[config], caps.filter_boundary_tolerance
-    out = []
+    out, memo = [], {} if memo is None else memo
     for r, (prompt, res) in enumerate(runs):
-        flips = []
-        out += observations(backend, prompt, [res], sp, tol, flips)
+        key = (config, id(res))
+        if key not in memo:
+            flips = []
+            memo[key] = (res, observations(backend, prompt, [res], sp, tol, flips), flips)  # res held: ids stay unique
+        _, obs, flips = memo[key]
+        out += obs
         if excused is not None:
             excused += [{"generation": r, **f} for f in flips]
     return out
@@ -71,9 +81,9 @@ def _obs(backend, caps, config, runs, excused=None):
 
 @pytest.mark.contract("DIST-ZERO")
 @pytest.mark.parametrize("config", list(DIST_CONFIGS))
-def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samples, mtp_record, config):
+def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samples, observed, mtp_record, config):
     excused = []
-    obs = _obs(mtp_backend, mtp_capabilities, config, samples(config), excused)
+    obs = _obs(mtp_backend, mtp_capabilities, config, samples(config), excused, observed)
     if excused:
         mtp_record(config=config, boundary_flips_excused=excused,
                    filter_boundary_tolerance=mtp_capabilities.filter_boundary_tolerance)
@@ -84,14 +94,14 @@ def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samp
 
 @pytest.mark.contract("DIST-EQUIV")
 @pytest.mark.parametrize("config", list(DIST_CONFIGS))
-def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp_profile, samples, mtp_record, mtp_seed,
-                                              config):
+def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp_profile, samples, observed, mtp_record,
+                                              mtp_seed, config):
     runs = samples(config)
     used = sum(res.speculation.used for _, res in runs)
     if not used:
         pytest.skip("speculation was not used for this configuration (see REPORT-HONEST)")
     excused = []
-    obs = _obs(mtp_backend, mtp_capabilities, config, runs, excused)
+    obs = _obs(mtp_backend, mtp_capabilities, config, runs, excused, observed)
     n = mtp_capabilities.truncated_laws  # top-N laws: ranks beyond N pool into one bin
 
     def tests(obs, alpha, rng_seed):
@@ -107,7 +117,7 @@ def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp
         stage, alpha = 2, DIST_STAGE2
         runs = samples(config, DIST_ESCALATE * mtp_profile.dist_runs)
         excused = []
-        obs = _obs(mtp_backend, mtp_capabilities, config, runs, excused)
+        obs = _obs(mtp_backend, mtp_capabilities, config, runs, excused, observed)
         g, ks = tests(obs, DIST_STAGE2, mtp_seed + 1)
     mtp_record(config=config, gtest=g.model_dump(), pit_ks=ks.model_dump(), accepted_proposals=accepted, stage=stage,
                stage1=first, generations=len(runs), boundary_flips_excused=excused,

@@ -1,6 +1,7 @@
 import pytest
 
 from mtpcheck.contracts import FinishEvent, SamplingParams, StopEvent, TokenEvent
+from mtpcheck.machinery.checks import token_role
 from mtpcheck.machinery.configs import request, spec_for
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -28,6 +29,32 @@ def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, dep
             assert res.tokens == plain.tokens[: j + 1], f"EOS {eos} at {j}: got {len(res.tokens)} tokens"
             assert res.finish_reason == "stop"
             assert not _published_after_stop(res), "token events published after the stop"
+
+
+@pytest.mark.contract("STOP-IN-BLOCK")
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_stop_token_at_the_budget_is_a_stop(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, depth):
+    """The stop token is also the last token max_tokens allows: the request stopped
+    (finish_reason "stop", a stop event), wherever the token fell - inside a block,
+    as the bonus, as the correction."""
+    depth = min(depth, mtp_capabilities.max_depth)
+    roles = {}
+    for name, prompt in mtp_fixture.items():
+        plain = _plain(mtp_backend, prompt, 24)
+        for cut in (1, 4, 9, 15):
+            eos = plain.tokens[cut]
+            j = plain.tokens.index(eos)
+            res = mtp_backend.generate(request(prompt, j + 1, GREEDY, spec_for(mtp_capabilities, depth),
+                                               stop_token_ids=[eos]))
+            where = f"stop token {eos} at index {j} = max_tokens - 1 (prompt {name}, depth {depth})"
+            assert res.tokens == plain.tokens[: j + 1], f"{where}: got {len(res.tokens)} tokens"
+            role = token_role(res, j, mtp_capabilities.first_token_from_prefill)
+            roles[role] = roles.get(role, 0) + 1
+            assert res.finish_reason == "stop", (f"{where}, emitted as {role}: finish_reason={res.finish_reason!r}; "
+                                                 "a stop token ends the request as a stop, even at the budget")
+            stops = [e for e in res.events if isinstance(e, StopEvent)]
+            assert stops or not res.events, f"{where}, emitted as {role}: finish 'stop' but no stop event"
+    mtp_record(stop_token_roles=roles)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
