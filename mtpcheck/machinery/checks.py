@@ -393,6 +393,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def sampled_through(caps: Capabilities) -> str:
+    """How the statistical clauses drew their samples, for the report's evidence."""
+    if not caps.generate_batch:
+        return "generate"
+    return "generate_batch (served together: concurrent)" if caps.concurrent else "generate_batch (one after another)"
+
+
 def token_role(res: GenerationResult, i: int, first_token_from_prefill: bool = True) -> str:
     """What output token i was in the reported rounds: "prefill", "accepted"
     (a verified proposal), "bonus", "correction", or "plain" (no round holds it)."""

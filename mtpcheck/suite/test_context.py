@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from mtpcheck.machinery import contexts as ctx
-from mtpcheck.machinery.checks import boundary_flips
+from mtpcheck.machinery.checks import boundary_flips, sampled_through
 from mtpcheck.machinery.configs import (
     CONTEXT_CONFIGS,
     CONTEXT_ESCALATE,
@@ -53,7 +53,7 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
         targets=CONTEXT_TARGETS, escalate=CONTEXT_ESCALATE, suspicious=SUSPICIOUS,
         pilot_min_expected=CONTEXT_PILOT_MIN_EXPECTED, excuse=excuse)
     mtp_record(config=config, stages=out.stages, pilot_scores=out.scores, pilot_acceptance=out.acceptance,
-               targets=out.targets, sampled_through="generate_batch" if caps.generate_batch else "generate",
+               targets=out.targets, sampled_through=sampled_through(caps),
                boundary_flips_excused=excused)
     if not out.used:
         pytest.skip("speculation was not used for this configuration's short requests (see REPORT-HONEST)")

@@ -11,7 +11,7 @@ from mtpcheck.laws.stats import (
     truncated_zero_probability_violations,
     zero_probability_violations,
 )
-from mtpcheck.machinery.checks import logprob_problems, observations
+from mtpcheck.machinery.checks import logprob_problems, observations, sampled_through
 from mtpcheck.machinery.configs import (
     DIST_CONFIGS,
     DIST_ESCALATE,
@@ -121,7 +121,7 @@ def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp
         g, ks = tests(obs, DIST_STAGE2, mtp_seed + 1)
     mtp_record(config=config, gtest=g.model_dump(), pit_ks=ks.model_dump(), accepted_proposals=accepted, stage=stage,
                stage1=first, generations=len(runs), boundary_flips_excused=excused,
-               sampled_through="generate_batch" if mtp_capabilities.generate_batch else "generate")
+               sampled_through=sampled_through(mtp_capabilities))
     where = f"stage {stage} of 2, {len(runs)} generations" + (f" (escalated: stage-1 p={min(first.values()):.3g})" if stage == 2 else "")
     assert g.passed, f"rank G-test rejects the target law: {g.note or ''} p={g.p_value:.3g} < alpha={alpha:.2g} (n={g.n}, detectable TV {g.detectable_tv}; {where})"
     assert ks.passed, f"randomized PIT KS rejects uniformity: p={ks.p_value:.3g} < alpha={alpha:.2g} (n={ks.n}; {where})"
