@@ -317,6 +317,7 @@ class VllmBackend:
             logprobs=True,
             generate_batch=True,
             concurrent=True,  # requests on concurrent connections, batched by vLLM's scheduler (--max-num-seqs 8)
+            streaming=True,  # the server's own SSE stream (generate_stream)
             text=self.tokenizer is not None,
             context_length=self.context,
             notes=(f"{self.model.name}, {drafter}, num_speculative_tokens {self.depth}, float32 on CPU; "
@@ -393,6 +394,28 @@ class VllmBackend:
         lps = ((choice.get("logprobs") or {}).get("token_logprobs") or [])[: len(res.tokens)]
         lps = [math.nan if v is None else float(v) for v in lps]  # None: the server gave none for that token
         return res.model_copy(update={"logprobs": lps + [math.nan] * (len(res.tokens) - len(lps))})
+
+    def generate_stream(self, request: GenerationRequest):
+        """Capability `streaming`: the server's own SSE stream (``stream: true``,
+        ``return_token_ids``), each chunk's token ids put through the project's
+        stop matcher as they arrive; what the stream leaves out or repeats
+        reaches STREAM-COMMIT-ONLY as it is."""
+        from mtpcheck.backends._library import check_request, drive_chunks
+
+        check_request(request, self.vocab_size, self.context)
+        _, used, _, _, _ = self.plan(request)
+        sp = request.sampling
+        seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
+        body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), "stream": True}
+
+        def tokens():
+            for chunk in self.client("spec" if used else "plain").stream("/v1/completions", body):
+                for t in (chunk.get("choices") or [{}])[0].get("token_ids") or []:
+                    yield int(t)
+
+        stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        yield from drive_chunks(tokens(), request, stops, self.decode if self.tokenizer else (lambda t: ""))
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Capability `concurrent`: each request on its own connection, SLOTS in
