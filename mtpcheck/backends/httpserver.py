@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import signal
 import socket
@@ -142,6 +143,14 @@ class Client:
 
     def get(self, path: str):
         return self.request("GET", path)
+
+
+def token_logprobs(values: list, n: int) -> list[float]:
+    """n logprobs for n tokens from what a server returned for them: None (or
+    nothing, past its end) becomes NaN, so LOGPROBS names the token instead of
+    the adapter inventing a value."""
+    vals = [math.nan if v is None else float(v) for v in list(values)[:n]]
+    return vals + [math.nan] * (n - len(vals))
 
 
 def serve_together(generate, requests: list, slots: int, stagger_s: float = 0.02) -> list:

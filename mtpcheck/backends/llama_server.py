@@ -77,6 +77,7 @@ from mtpcheck.backends.httpserver import (
     ServerProcess,
     plain_path_laws,
     serve_together,
+    token_logprobs,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -341,7 +342,7 @@ class LlamaServerBackend:
             target_distributions=True,
             near_tie_logit_gap=NEAR_TIE,
             # the sampled tokens' post-sampling probabilities (n_probs, post_sampling_probs), as the server
-            # returns them: LOGPROBS judges them (deviation S8 in docs/backends/llama-server.md)
+            # returns them: LOGPROBS judges them (deviation S5 in docs/backends/llama-server.md)
             logprobs=True,
             generate_batch=True,
             concurrent=self.slots > 1,
@@ -385,14 +386,10 @@ class LlamaServerBackend:
         stop matcher as they arrive and published at once; resumed after an EOS
         the request does not stop at, as generate() resumes. Whatever the
         stream leaves out or repeats reaches STREAM-COMMIT-ONLY as it is."""
-        from mtpcheck.backends._library import check_request, drive_chunks
+        from mtpcheck.backends._library import drive_chunks
 
-        check_request(request, self.vocab_size)
-        _, used, depth, _, _ = self.plan(request)
+        _, used, _, _, _, seed, client, stops = self._start(request)
         sp = request.sampling
-        seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        client = self.client(depth if used else None)
-        stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         last: dict = {}
 
         def tokens():
@@ -408,8 +405,7 @@ class LlamaServerBackend:
                         yield int(t)
                 sent += got
                 segment += 1
-                eos = last.get("stop_type") == "eos" and bool(got) and got[-1] in self.eos_ids
-                if not (eos and got[-1] not in stops):
+                if not self._resumes(last.get("stop_type"), got, stops, len(sent), request.max_tokens):
                     return
 
         yield from drive_chunks(tokens(), request, stops, self.decode if self.tokenizer else (lambda t: ""))
@@ -419,19 +415,31 @@ class LlamaServerBackend:
         """log of each sampled token's post-sampling probability, as the server
         reports it; NaN where it reports none (LOGPROBS then names the token)."""
         probs = [e.get("prob") for e in out.get("completion_probabilities") or []]
-        lps = [math.log(p) if isinstance(p, int | float) and p > 0 else (-math.inf if p == 0 else math.nan)
-               for p in probs[:n]]
-        return lps + [math.nan] * (n - len(lps))
+        return token_logprobs([math.log(p) if isinstance(p, int | float) and p > 0 else (-math.inf if p == 0 else None)
+                               for p in probs], n)
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        from mtpcheck.backends._library import check_request, drive, report, result_of
+    def _start(self, request: GenerationRequest):
+        """What generate() and generate_stream() both begin with: the request
+        checked and planned, its seed, the server that serves it, its stops."""
+        from mtpcheck.backends._library import check_request
 
         check_request(request, self.vocab_size)
         spec, used, depth, reason, message = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        client = self.client(depth if used else None)
         stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        return spec, used, depth, reason, message, seed, self.client(depth if used else None), stops
+
+    def _resumes(self, stop_type: str | None, got: list[int], stops: list[int], emitted: int, max_tokens: int) -> bool:
+        """S1: the server stopped at its EOS, the request does not stop there and has budget left."""
+        eos = stop_type == "eos" and bool(got) and got[-1] in self.eos_ids
+        return eos and got[-1] not in stops and emitted < max_tokens
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        from mtpcheck.backends._library import drive, report, result_of
+
+        spec, used, depth, reason, message, seed, client, stops = self._start(request)
+        sp = request.sampling
         tokens: list[int] = []
         logprobs: list[float] = []
         rounds: list[Round] = []
@@ -456,8 +464,7 @@ class LlamaServerBackend:
                 # a real execution that emitted these tokens, judged by STATS-CONSISTENT
                 if segment:  # the resumed segment's first token comes from a prefill, not a round
                     seg_rounds.insert(0, Round(0, 0, 0))
-            eos_stop = out.get("stop_type") == "eos" and bool(got) and got[-1] in self.eos_ids
-            resume = eos_stop and got[-1] not in stops and len(tokens) + len(got) < request.max_tokens
+            resume = self._resumes(out.get("stop_type"), got, stops, len(tokens) + len(got), request.max_tokens)
             if used:
                 if resume:  # proposals the server accepted after its EOS were never emitted
                     trim_to(seg_rounds, len(got) - (0 if segment else 1))

@@ -53,6 +53,7 @@ from mtpcheck.backends.httpserver import (
     kept_rounds,
     plain_path_laws,
     serve_together,
+    token_logprobs,
     vllm_refused_controls,
     vllm_rounds,
     vllm_steps,
@@ -176,8 +177,7 @@ class OpenAIHttpBackend:
                     for e in lp["content"]]
         else:  # OpenAI legacy: token_logprobs
             vals = list(lp.get("token_logprobs") or [])
-        vals = [math.nan if v is None else float(v) for v in vals[:n]]
-        return vals + [math.nan] * (n - len(vals))
+        return token_logprobs(vals, n)
 
     def _tokens(self, out: dict) -> list[int]:
         choice = (out.get("choices") or [{}])[0]

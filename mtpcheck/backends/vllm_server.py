@@ -73,6 +73,7 @@ from mtpcheck.backends.httpserver import (
     kept_rounds,
     plain_path_laws,
     serve_together,
+    token_logprobs,
     vllm_refused_controls,
     vllm_rounds,
     vllm_steps,
@@ -391,9 +392,8 @@ class VllmBackend:
         res = result_of(state, rep.model_copy(update={"acceptance_rule": "rejection"}), seed)
         if not request.logprobs:
             return res
-        lps = ((choice.get("logprobs") or {}).get("token_logprobs") or [])[: len(res.tokens)]
-        lps = [math.nan if v is None else float(v) for v in lps]  # None: the server gave none for that token
-        return res.model_copy(update={"logprobs": lps + [math.nan] * (len(res.tokens) - len(lps))})
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        return res.model_copy(update={"logprobs": token_logprobs(lps, len(res.tokens))})
 
     def generate_stream(self, request: GenerationRequest):
         """Capability `streaming`: the server's own SSE stream (``stream: true``,

@@ -250,6 +250,22 @@ def cell(run: MutantRun, clause: str) -> str:
     return MARK["skipped"] if o == "skipped" else MARK["passed"]
 
 
+def _masked_cells(run: MutantRun | None) -> str:
+    """A masked column's two cells (killed by, verdict) for one mutant's row."""
+    return f" {', '.join(run.killed_by) or '-'} | {run.black_box_verdict} |" if run else " | not run |"
+
+
+def _unseen(runs: list[MutantRun], heading: str) -> list[str]:
+    """A masked column's mutants it did not kill, with why (the zoo's reason, or what ran)."""
+    unseen = [r for r in runs if r.black_box_verdict != "killed"]
+    if not unseen:
+        return []
+    return ["", f"## {heading}", ""] + [
+        f"- `{r.name}` ({r.black_box_verdict}): " + (r.invisible or
+        f"ran {', '.join(c for c, o in r.outcomes.items() if o != 'skipped') or '-'}; none failed"
+        + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else "")) for r in unseen]
+
+
 def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | None = None,
                     black_meta: dict | None = None, server: list[MutantRun] | None = None,
                     server_meta: dict | None = None) -> str:
@@ -323,12 +339,7 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
         killed = ", ".join(f"**{c}**" if c in r.declared else c for c in r.killed_by) or "-"
         row = (f"| `{r.name}` | {r.bug_class} | {r.description} | {', '.join(r.declared)} | {killed} | "
                f"{r.verdict} | {r.duration_s:.0f} |")
-        if black:
-            b = bb.get(r.name)
-            row += (f" {', '.join(b.killed_by) or '-'} | {b.black_box_verdict} |" if b else " | not run |")
-        if server:
-            b = sv.get(r.name)
-            row += (f" {', '.join(b.killed_by) or '-'} | {b.black_box_verdict} |" if b else " | not run |")
+        row += (_masked_cells(bb.get(r.name)) if black else "") + (_masked_cells(sv.get(r.name)) if server else "")
         lines.append(row)
     lines += ["", "## Clauses", "", "| clause | kind | mutants it kills (declared in bold) | ran against |", "|---|---|---|---|"]
     for c in ran:
@@ -351,20 +362,7 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
         for r in problems:
             lines.append(f"- `{r.name}` ({r.verdict}): declared {r.declared}, missed {r.missed}, failed {r.killed_by}"
                          + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else ""))
-    if black:
-        unseen = [r for r in black if r.black_box_verdict != "killed"]
-        if unseen:
-            lines += ["", "## Not killed black-box", ""]
-            lines += [f"- `{r.name}` ({r.black_box_verdict}): " + (r.invisible or
-                      f"ran {', '.join(c for c, o in r.outcomes.items() if o != 'skipped') or '-'}; none failed"
-                      + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else "")) for r in unseen]
-    if server:
-        unseen = [r for r in server if r.black_box_verdict != "killed"]
-        if unseen:
-            lines += ["", "## Not killed by the server mask", ""]
-            lines += [f"- `{r.name}` ({r.black_box_verdict}): " + (r.invisible or
-                      f"ran {', '.join(c for c, o in r.outcomes.items() if o != 'skipped') or '-'}; none failed"
-                      + (f"; runner error: `{r.error[-300:].strip()}`" if r.error else "")) for r in unseen]
+    lines += _unseen(black or [], "Not killed black-box") + _unseen(server or [], "Not killed by the server mask")
     notes = [(r.name, c, n) for r in runs for c, n in r.notes.items() if c in r.declared and r.outcomes.get(c) in KILLED]
     if notes:
         lines += ["", "## How each declared clause caught its mutant (first message)", ""]
