@@ -39,7 +39,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "constraints": lambda c: c.constraints,
     "inspection": lambda c: c.checkpoint_evidence,
     "streaming": lambda c: c.streaming,
-    "concurrent": lambda c: c.generate_batch and c.concurrent,
+    "concurrent": lambda c: c.concurrent,  # Capabilities enforces generate_batch with it
 }
 
 
