@@ -391,3 +391,12 @@ def test_standin_openai_http_gives_truncated_laws(standin):
     finally:
         b.close()
     assert pids and not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("bad", ["x", "0", "-2", "1.5"])
+def test_a_bad_slots_option_is_one_clear_error(bad):
+    from mtpcheck.backends.httpserver import slots_option
+
+    with pytest.raises(ValueError, match=r"slots=.*expected a whole number of parallel requests >= 1"):
+        slots_option(bad)
+    assert slots_option("4") == 4 and slots_option(1) == 1

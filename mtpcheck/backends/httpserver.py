@@ -153,6 +153,14 @@ def token_logprobs(values: list, n: int) -> list[float]:
     return vals + [math.nan] * (n - len(vals))
 
 
+def slots_option(value: int | str) -> int:
+    """A loader's ``slots`` option: requests in flight at once, a whole number >= 1."""
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"slots={value!r}: expected a whole number of parallel requests >= 1 (1: one at a time)")
+    return int(text)
+
+
 def serve_together(generate, requests: list, slots: int, stagger_s: float = 0.02) -> list:
     """generate_batch for a server with `slots` parallel slots (capability
     `concurrent`): each request on its own thread and connection, at most

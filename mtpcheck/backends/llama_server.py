@@ -77,6 +77,7 @@ from mtpcheck.backends.httpserver import (
     ServerProcess,
     plain_path_laws,
     serve_together,
+    slots_option,
     token_logprobs,
 )
 from mtpcheck.contracts import (
@@ -584,4 +585,4 @@ def load_llama_server(
     return LlamaServerBackend(binary=binary, model=model_path, draft=draft_path, config=config, depth=depth,
                               draft_sampling=draft_sampling, speculation=switch(speculation), url=url,
                               plain_url=plain_url, tokenizer=tok, threads=int(threads), ctx=int(ctx),
-                              slots=int(slots))
+                              slots=slots_option(slots))

@@ -53,6 +53,7 @@ from mtpcheck.backends.httpserver import (
     kept_rounds,
     plain_path_laws,
     serve_together,
+    slots_option,
     token_logprobs,
     vllm_refused_controls,
     vllm_rounds,
@@ -344,7 +345,7 @@ def load_openai_http(
 
     if dialect not in DIALECTS:
         raise ValueError(f"dialect={dialect!r}: expected one of {', '.join(DIALECTS)}")
-    depth, n = int(depth), int(top_logprobs)
+    depth, n, slots = int(depth), int(top_logprobs), slots_option(slots)
     owner, tokenizer = None, None
     rule = "rejection" if draft_sampling == "probabilistic" else "exact_match"
     if launch:
@@ -367,4 +368,4 @@ def load_openai_http(
     return OpenAIHttpBackend(url=url, plain_url=plain_url, model=model, dialect=dialect, depth=depth,
                              kind=kind, top_logprobs=n, vocab_size=int(vocab_size), eos_ids=eos_ids,
                              speculation=switch(speculation), tokenizer=tokenizer, owner=owner, rule=rule,
-                             slots=int(slots))
+                             slots=slots)
