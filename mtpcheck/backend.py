@@ -35,6 +35,19 @@ class Backend(Protocol):
         ...
 
 
+class DraftLawBackend(Protocol):
+    """Optional: backends that can replay their drafter's law (capability
+    `draft_distributions`): the ground truth of the proposal law."""
+
+    def draft_distributions(self, request: GenerationRequest, tokens: list[int], accept_lens: list[int],
+                            draft_lens: list[int]) -> np.ndarray:
+        """[len(tokens), V], float64: row i the processed law the proposal at
+        output index i was drawn from (the round's accepted proposals and its
+        first rejected one, read from the report's accept_lens and draft_lens),
+        given the emitted prefix; zeros where no proposal stood."""
+        ...
+
+
 class RawLogitsBackend(Protocol):
     """Optional: backends that expose their target's raw logits (capability
     `raw_logits`): CTRL-CONTRACT's ground truth for penalties and logit bias."""

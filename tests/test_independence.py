@@ -177,3 +177,107 @@ def test_agreement_under_truncated_laws_bounds_the_unlisted_mass():
     _, bound = agreement_series(toks, top(whole_a), toks, top(whole_b), 0)
     assert np.all(bound >= exact - 1e-12) and np.all(bound <= 1.0)
     assert np.mean(bound) < 2 * np.mean(exact) + 0.1  # a bound, not a surrender
+
+
+# -- SEED-STREAMS-INDEPENDENT's role form (issue 24, item 2) ------------------------------
+
+
+def _rejection_round(p, q, u_draft, u_accept, u_corr):
+    """One proposal under the rejection rule from the given uniforms -> (token, role)."""
+    from mtpcheck.engine.acceptance import rejection_accept_probability, rejection_correction
+    from mtpcheck.engine.sampling import sample
+
+    d = sample(q, u_draft)
+    if u_accept < rejection_accept_probability(p, q, d):
+        return d, "accepted"
+    return sample(rejection_correction(p, q, d), u_corr), "correction"
+
+
+def _role_obs(rng, n, share):
+    """n single-proposal rounds; share: which uniform the acceptance reuses (None: independent)."""
+    from mtpcheck.laws.independence import role_laws
+
+    obs = []
+    for _ in range(n):
+        p, q = _laws(rng, 1, V=16, conc=0.7)[0], _laws(rng, 1, V=16, conc=0.7)[0]
+        ud, ua, uc = rng.random(3)
+        ua = {"draft": ud, "correction": uc, None: ua}[share]
+        tok, role = _rejection_round(p, q, ud, ua, uc)
+        acc, rej = role_laws(p, q, "rejection")
+        obs.append((tok, acc if role == "accepted" else rej))
+    return obs
+
+
+@pytest.mark.parametrize("share", ["draft", "correction"])
+def test_shared_acceptance_uniforms_break_the_role_laws_in_id_order(share):
+    from mtpcheck.laws.stats import pit_ks
+
+    rng = np.random.default_rng(11)
+    assert pit_ks(_role_obs(rng, 4000, None), rng_seed=1, alpha=1e-9, order="id").passed
+    assert not pit_ks(_role_obs(rng, 4000, share), rng_seed=1, alpha=1e-9, order="id").passed
+
+
+def test_role_laws_sum_to_the_target_law():
+    """accepted and corrected masses add up to p (rejection) whatever q: the marginal stays exact."""
+    from mtpcheck.laws.independence import role_laws
+
+    rng = np.random.default_rng(2)
+    p, q = _laws(rng, 2, V=10)
+    acc, rej = role_laws(p, q, "rejection")
+    tv = np.maximum(p - q, 0).sum()
+    np.testing.assert_allclose((1 - tv) * acc + tv * rej, p, atol=1e-12)
+    acc, rej = role_laws(p, q, "exact_match")
+    s = (p * q).sum()
+    np.testing.assert_allclose(s * acc + (1 - s) * rej, p, atol=1e-12)
+    with pytest.raises(ValueError, match="no role laws"):
+        role_laws(p, q, "unknown")
+
+
+def test_role_observations_read_the_round_structure():
+    from mtpcheck.laws.independence import role_observations
+
+    V, n = 5, 8
+    P, Q = np.full((n, V), 1 / V), np.zeros((n, V))
+    Q[1:4] = Q[5:7] = np.eye(V)[0]
+    # prefill token 0; round 1: 2 of 3 accepted (1, 2 accepted, 3 correction); round 2: 0 drafted (4 plain);
+    # round 3: 2 of 2 accepted (5, 6), 7 bonus
+    roles = [r for *_, r in role_observations([0] * n, P, Q, [2, 0, 2], [3, 0, 2], "rejection")]
+    assert roles == ["accepted", "accepted", "correction", "plain", "accepted", "accepted", "bonus"]
+
+
+def test_acceptance_series_with_the_proposal_law_uses_the_exact_chance():
+    laws = np.tile([0.5, 0.3, 0.2], (6, 1))
+    q = np.tile([0.2, 0.3, 0.5], (6, 1))
+    h, p = acceptance_series(6, laws, [1, 2], [2, 2], q_laws=q, rule="rejection")
+    assert list(h) == [1.0, 0.0, 1.0, 1.0]
+    np.testing.assert_allclose(p, 0.7)  # sum min(p, q)
+    _, p = acceptance_series(6, laws, [1], [2], q_laws=q, rule="exact_match")
+    np.testing.assert_allclose(p, 0.1 + 0.09 + 0.1)
+
+
+@pytest.mark.parametrize("opts", [{}, {"drafter": "assistant"}, {"acceptance": "exact_match"}])
+def test_the_replayed_proposal_law_is_the_one_the_engine_drew_from(opts):
+    """draft_distributions (mtpcheck.engine.replay) against the round traces, bit for bit."""
+    from mtpcheck.backends import load_backend
+    from mtpcheck.contracts import SamplingParams
+    from mtpcheck.fixture import fixture_prompts
+    from mtpcheck.machinery.configs import request, seeded, spec_for
+
+    b = load_backend("toy", opts)
+    caps = b.capabilities()
+    assert caps.draft_distributions
+    prompt = list(fixture_prompts(b).values())[0]
+    for r in range(3):
+        req = request(prompt, 30, seeded(SamplingParams(temperature=1.0, top_k=12), r), spec_for(caps),
+                      stop_token_ids=[]).model_copy(update={"trace": True})
+        res = b.generate(req)
+        s = res.speculation
+        Q = b.draft_distributions(req, res.tokens, s.accept_lens, s.draft_lens)
+        e, seen = 1, 0
+        for tr in res.trace:
+            for j in range(min(tr.accepted + 1, len(tr.proposals))):
+                if e + j < len(res.tokens):
+                    np.testing.assert_array_equal(Q[e + j], np.array(tr.draft_probs[j]))
+                    seen += 1
+            e += len(tr.committed)
+        assert seen > 5

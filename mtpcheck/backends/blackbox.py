@@ -59,6 +59,11 @@ class BlackBox:
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)
 
+    def draft_distributions(self, request, tokens, accept_lens, draft_lens):
+        # ground truth of the declared proposal law, computed from the fixture's weights: kept
+        return self.inner.draft_distributions(request.model_copy(update={"trace": False}), tokens, accept_lens,
+                                              draft_lens)
+
     def target_logits(self, prompt, continuation):
         # ground truth like the laws (capability raw_logits), not a white-box hook: kept
         return self.inner.target_logits(prompt, continuation)

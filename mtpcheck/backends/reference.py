@@ -50,6 +50,7 @@ class ReferenceBackend:
             position_addressed_target_sampling=True,
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed"],
             target_distributions=True,
+            draft_distributions=True,
             raw_logits=True,
             logprobs=True,
             traces=True,
@@ -121,6 +122,12 @@ class ReferenceBackend:
         seq = list(prompt) + list(continuation)
         return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))]) \
             if len(continuation) else rows
+
+    def draft_distributions(self, request, tokens, accept_lens, draft_lens) -> np.ndarray:
+        """The proposal law, replayed on the engine's models with clean drafters (mtpcheck.engine.replay)."""
+        from mtpcheck.engine.replay import draft_laws
+
+        return draft_laws(self.engine, request, tokens, accept_lens, draft_lens)
 
     def open_scheduler(self, lookahead: bool = True, adaptive_after: int | None = 8):
         """A scheduling session (mtpcheck.contracts.scheduling.SchedulerSession) on this engine."""

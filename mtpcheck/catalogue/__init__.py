@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 SUITE = HERE.parent / "suite"
 
 Capability = Literal[
-    "speculation", "target_distributions", "traces", "logprobs", "text", "seeded_determinism",
+    "speculation", "target_distributions", "draft_distributions", "traces", "logprobs", "text", "seeded_determinism",
     "position_addressed_target_sampling", "exact_match", "rejection", "scheduler", "lookahead",
     "constraints", "inspection", "streaming", "concurrent",
 ]

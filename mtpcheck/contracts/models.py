@@ -238,6 +238,13 @@ class Capabilities(_Strict):
         " frequency penalty; an API without logit_bias): the items that need one skip, naming it",
     )
     target_distributions: bool = False
+    draft_distributions: bool = Field(
+        False,
+        description="draft_distributions(request, tokens, accept_lens, draft_lens) gives the law each proposal of a"
+        " finished request was drawn from, float [len(tokens), V] (row i: the proposal at output index i, zeros where"
+        " none stood), computed from the drafter the runtime declares, as target_distributions is from the target:"
+        " SEED-STREAMS-INDEPENDENT's ground truth under either acceptance rule",
+    )
     raw_logits: bool = Field(
         False,
         description="target_logits(prompt, continuation) gives the target's unprocessed logits, float [len(continuation),"

@@ -125,12 +125,16 @@ def closeness_series(pit_a: np.ndarray, pit_b: np.ndarray, lag: int, delta: floa
 
 
 def acceptance_series(n_tokens: int, laws: np.ndarray, accept_lens: Sequence[int], draft_lens: Sequence[int],
-                      first_token_from_prefill: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Exact-match proposals as trials, from the report and the emitted tokens:
-    round r tries proposals j = 0..min(a_r, d_r - 1) (each accepted one, then
-    the first rejected one), proposal j standing at output index e_r + j (e_r
-    tokens emitted before the round). hits = accepted, probs = max_x p(x) at
-    that index: the most an independent draft can match the target's draw."""
+                      first_token_from_prefill: bool = True, q_laws: np.ndarray | None = None,
+                      rule: str = "exact_match") -> tuple[np.ndarray, np.ndarray]:
+    """Proposals as trials, from the report and the emitted tokens: round r
+    tries proposals j = 0..min(a_r, d_r - 1) (each accepted one, then the
+    first rejected one), proposal j standing at output index e_r + j (e_r
+    tokens emitted before the round). hits = accepted; probs = the chance of
+    acceptance with independent streams: without the proposal law, max_x p(x)
+    at that index (the most an exact-match draft can match the target's
+    draw); with it (q_laws), exactly sum_x min(p, q) (rejection) or
+    sum_x p q (exact match)."""
     hits, probs = [], []
     emitted = int(first_token_from_prefill)
     for a, d in zip(accept_lens, draft_lens, strict=False):
@@ -139,9 +143,51 @@ def acceptance_series(n_tokens: int, laws: np.ndarray, accept_lens: Sequence[int
             if i >= n_tokens:
                 break
             hits.append(1.0 if j < a else 0.0)
-            probs.append(float(np.max(laws[i])))
+            if q_laws is None:
+                probs.append(float(np.max(laws[i])))
+            else:
+                both = np.minimum(laws[i], q_laws[i]) if rule == "rejection" else laws[i] * q_laws[i]
+                probs.append(float(min(1.0, both.sum())))
         emitted += a + 1
     return np.asarray(hits), np.asarray(probs)
+
+
+def role_laws(p: np.ndarray, q: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """The law of the emitted token given its role, for one proposal drawn
+    from q against target law p with the draft's and the target's randomness
+    independent: (given accepted, given rejected). Rejection: min(p, q) and
+    (p - q)+; exact match: p q and p (1 - q); each normalised (all zeros where
+    the role has probability zero: a token emitted in it is impossible)."""
+    if rule == "rejection":
+        acc, rej = np.minimum(p, q), np.maximum(p - q, 0.0)
+    elif rule == "exact_match":
+        acc, rej = p * q, p * (1.0 - q)
+    else:
+        raise ValueError(f"role_laws: no role laws for acceptance rule {rule!r}")
+    return tuple(x / x.sum() if x.sum() > 0 else x for x in (acc, rej))
+
+
+def role_observations(tokens: Sequence[int], p_laws: np.ndarray, q_laws: np.ndarray, accept_lens: Sequence[int],
+                      draft_lens: Sequence[int], rule: str, first_token_from_prefill: bool = True) -> list[tuple]:
+    """(token, law given its role, role) for every token the report places in
+    a round. A round of a accepted of d proposals emits a accepted proposals,
+    then a correction (a < d) or a bonus (a = d) drawn from p; a round with no
+    draft emits one plain token from p. Given the past (tokens and roles) and
+    its own role, each token follows its role's law; so, as in DIST-EQUIV, the
+    pooled observations are a sequence of draws from predictable laws."""
+    obs, e = [], int(first_token_from_prefill)
+    for a, d in zip(accept_lens, draft_lens, strict=False):
+        for j in range(a + 1):
+            i = e + j
+            if i >= len(tokens):
+                break
+            if j < d:
+                acc, rej = role_laws(p_laws[i], q_laws[i], rule)
+                obs.append((int(tokens[i]), acc, "accepted") if j < a else (int(tokens[i]), rej, "correction"))
+            else:
+                obs.append((int(tokens[i]), p_laws[i], "bonus" if d else "plain"))
+        e += a + 1
+    return obs
 
 
 def coincidence_test(name: str, series: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float) -> TestResult:

@@ -27,6 +27,7 @@ LAW_ATOL = 1e-9  # traced laws are float64; recomputation differs only by roundi
 CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "speculation": lambda c: bool(c.mtp_kinds) and c.max_depth >= 1,
     "target_distributions": lambda c: c.target_distributions,
+    "draft_distributions": lambda c: c.draft_distributions,
     "traces": lambda c: c.traces,
     "logprobs": lambda c: c.logprobs,
     "text": lambda c: c.text,

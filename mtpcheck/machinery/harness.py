@@ -227,3 +227,14 @@ class Guarded:
         elif len(sums) and np.max(np.abs(sums - 1.0)) > 1e-6:
             raise BackendGarbage(f"target_distributions() rows sum to {sums.min():.6g}..{sums.max():.6g}, not 1")
         return p
+
+    def draft_distributions(self, req: GenerationRequest, tokens: list[int], accept_lens: list[int],
+                            draft_lens: list[int]) -> np.ndarray:
+        raw = self._call("draft_distributions", req, list(tokens), list(accept_lens), list(draft_lens))
+        q = self._rows("draft_distributions", raw, len(tokens))
+        sums = q.sum(axis=1)
+        if not np.all(np.isfinite(q)) or (q < 0).any():
+            raise BackendGarbage("draft_distributions() holds negative or non-finite probabilities")
+        if len(sums) and not np.all((np.abs(sums - 1.0) <= 1e-6) | (sums == 0.0)):
+            raise BackendGarbage("draft_distributions() rows must sum to 1 (a proposal's law) or 0 (no proposal)")
+        return q

@@ -183,7 +183,13 @@ def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
         # SEED-INDEPENDENT: Bonferroni over its series' p-values (issue 24); both conservative
         for cid, kind in (("SEED-INDEPENDENT", "Bonferroni"), ("SEED-STREAMS-INDEPENDENT", "e-value")):
             for e in ev.get(cid, []):
-                add(f"{cid} {kind}", cid, e["test"]["p_value"], conservative=True)
+                if "test" in e:
+                    add(f"{cid} {kind}", cid, e["test"]["p_value"], conservative=True)
+        # SEED-STREAMS-INDEPENDENT's role form (issue 24, item 2): its four tests, e-value conservative
+        for e in ev.get("SEED-STREAMS-INDEPENDENT", []):
+            for name, t in (e.get("tests") or {}).items():
+                add(f"SEED-STREAMS-INDEPENDENT {name}", "SEED-STREAMS-INDEPENDENT", t["p_value"],
+                    conservative=name.startswith("acceptances") or name.startswith("rank G"))
     return out
 
 

@@ -200,6 +200,10 @@ ZOO: list[Mutant] = [
            ("SEED-HISTORY",), _zoo("stale_draft_seed")),
     Mutant("draft-stream-is-target-stream", "B12", "exact-match drafts reuse the target's uniform of their position",
            ("SEED-STREAMS-INDEPENDENT",), _zoo("draft_stream_is_target_stream"), {"acceptance": "exact_match", **TWIN}),
+    Mutant("acceptance-reuses-draft-uniform", "B12", "the rejection rule's acceptance uniform is the draft's "
+           "uniform of that position", ("SEED-STREAMS-INDEPENDENT",), _zoo("acceptance_reuses_draft_uniform")),
+    Mutant("correction-reuses-accept-uniform", "B12", "the correction is drawn with the acceptance uniform that "
+           "rejected the proposal", ("SEED-STREAMS-INDEPENDENT",), _zoo("correction_reuses_accept_uniform")),
     Mutant("lenient-acceptance", "B13", "accept with min(1, p / (0.5 q)): a relaxed threshold",
            ("TRACE-ACCEPT",), _zoo("lenient_acceptance", lam=0.5)),
     Mutant("typical-acceptance", "B13", "Medusa typical acceptance: p(d) > min(0.09, 0.3 exp(-H(p)))",

@@ -612,6 +612,34 @@ def draft_stream_is_target_stream(engine):
     with_drafters(engine, KeyedDraw, attrs={"engine": engine})
 
 
+class AcceptanceReusesDraftUniform(Engine):
+    """The rejection rule's acceptance uniform is the draft's own uniform of
+    that position: a proposal's place in the draft cdf decides its fate, so
+    low-id proposals pass and high-id ones fail; in rank order the output law
+    stays close to p."""
+
+    def uniform(self, seed, stream, position):
+        return super().uniform(seed, STREAM_DRAFT if stream == STREAM_ACCEPT else stream, position)
+
+
+def acceptance_reuses_draft_uniform(engine):
+    become(engine, AcceptanceReusesDraftUniform)
+    with_drafters(engine, KeyedDraw, attrs={"engine": engine})
+
+
+class CorrectionReusesAcceptUniform(Engine):
+    """The correction is drawn with the acceptance uniform that rejected the
+    proposal (one uniform per position instead of two): given a rejection it
+    lies above min(1, p/q), so corrections lean to the high end of the cdf."""
+
+    def uniform(self, seed, stream, position):
+        return super().uniform(seed, STREAM_TARGET if stream == STREAM_ACCEPT else stream, position)
+
+
+def correction_reuses_accept_uniform(engine):
+    become(engine, CorrectionReusesAcceptUniform)
+
+
 # -- B09 event state not transactional ----------------------------------------------------
 
 

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import SamplingParams
-from mtpcheck.laws.independence import acceptance_series, coincidence_test, series_test
+from mtpcheck.laws.independence import (
+    acceptance_series,
+    coincidence_test,
+    role_observations,
+    series_test,
+)
+from mtpcheck.laws.stats import pit_ks, rank_gtest
 from mtpcheck.machinery import scheduling as S
 from mtpcheck.machinery.configs import INDEPENDENCE_ALPHA, request, spec_for
 from mtpcheck.machinery.seeds import REPLICATES, base_seeds, seed_pair_series
@@ -86,24 +92,38 @@ def test_different_seeds_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixtu
 
 # -- SEED-STREAMS-INDEPENDENT -------------------------------------------------------------
 
+# The clause's INDEPENDENCE_ALPHA: two forms x two temperatures, a quarter each;
+# the role form splits its quarter over its ROLE_TESTS tests (union bound).
+STREAM_TEMPERATURES = [1.0, 1.3]
+FORM_ALPHA = INDEPENDENCE_ALPHA / 4
+ROLE_TESTS = 4
+
+
+def _stream_runs(backend, caps, prompts, profile, seed, sp, runs):
+    """(prompt, request, result) of the clause's seeded runs; only those that speculated."""
+    out = []
+    for r, base in enumerate(base_seeds(seed + 17, runs)):
+        prompt = prompts[r % len(prompts)]
+        req = request(prompt, profile.dist_tokens, sp.model_copy(update={"seed": base}), spec_for(caps),
+                      stop_token_ids=[])
+        res = backend.generate(req)
+        if res.speculation.used:
+            out.append((prompt, req, res))
+    return out
+
 
 @pytest.mark.contract("SEED-STREAMS-INDEPENDENT")
-@pytest.mark.parametrize("temperature", [1.0, 1.3])
+@pytest.mark.requires("exact_match")
+@pytest.mark.parametrize("temperature", STREAM_TEMPERATURES)
 def test_draft_randomness_is_independent_of_the_targets(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile,
                                                         mtp_seed, mtp_record, temperature):
     """Exact-match acceptance: an independent draft matches the target's draw
     with probability sum_x q(x) p(x) <= max p, whatever q."""
-    prompts = list(mtp_fixture.values())
     sp = SamplingParams(temperature=temperature)
     hits, probs, rounds = [], [], 0
-    for r, base in enumerate(base_seeds(mtp_seed + 17, REPLICATES[mtp_profile.name])):
-        prompt = prompts[r % len(prompts)]
-        req = request(prompt, mtp_profile.dist_tokens, sp.model_copy(update={"seed": base}), spec_for(mtp_capabilities),
-                      stop_token_ids=[])
-        res = mtp_backend.generate(req)
+    for prompt, _, res in _stream_runs(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile,
+                                       mtp_seed, sp, REPLICATES[mtp_profile.name]):
         s = res.speculation
-        if not s.used:
-            continue
         laws = mtp_backend.target_distributions(prompt, res.tokens, sp)
         h, p = acceptance_series(len(res.tokens), laws, s.accept_lens, s.draft_lens,
                                  mtp_capabilities.first_token_from_prefill)
@@ -111,12 +131,59 @@ def test_draft_randomness_is_independent_of_the_targets(mtp_backend, mtp_capabil
         rounds += len(s.accept_lens)
     if not rounds:
         pytest.skip("speculation was not used (see REPORT-HONEST)")
-    # two temperatures, each half the clause's budget
-    res = coincidence_test("accept-vs-max-p", {"proposals": (_cat_all(hits), _cat_all(probs))}, INDEPENDENCE_ALPHA / 2)
+    res = coincidence_test("accept-vs-max-p", {"proposals": (_cat_all(hits), _cat_all(probs))}, FORM_ALPHA)
     mtp_record(temperature=temperature, test=res.model_dump(), rounds=rounds)
     assert res.passed, (f"exact-match accepts more proposals than a draft drawn independently of the target's "
                         f"randomness can (at most max p each): {res.note}; p={res.p_value:.3g} < "
-                        f"alpha={INDEPENDENCE_ALPHA / 2:.2g}")
+                        f"alpha={FORM_ALPHA:.2g}")
+
+
+@pytest.mark.contract("SEED-STREAMS-INDEPENDENT")
+@pytest.mark.requires("draft_distributions")
+@pytest.mark.parametrize("temperature", STREAM_TEMPERATURES)
+def test_each_role_follows_its_law(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed, mtp_record,
+                                   temperature):
+    """Either rule, with the proposal law q known (draft_distributions): with
+    independent streams an accepted token follows min(p, q) (exact match: p q),
+    a correction (p - q)+ (exact match: p (1 - q)), a bonus p, each given the
+    past and its role; and a proposal is accepted with probability
+    sum min(p, q) (exact match: sum p q). Shared uniforms break these laws
+    while the marginal law stays close to p (docs/statistics.md)."""
+    rule = mtp_capabilities.acceptance_rule
+    if rule not in ("rejection", "exact_match"):
+        pytest.skip(f"role laws need a declared acceptance rule, backend declares {rule!r}")
+    sp = SamplingParams(temperature=temperature)
+    obs, hits, probs, rounds = [], [], [], 0
+    # as many runs as a DIST-EQUIV configuration: the role laws are tested like the target's
+    for prompt, req, res in _stream_runs(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile,
+                                         mtp_seed, sp, mtp_profile.dist_runs):
+        s = res.speculation
+        p_laws = mtp_backend.target_distributions(prompt, res.tokens, sp)
+        q_laws = mtp_backend.draft_distributions(req, res.tokens, s.accept_lens, s.draft_lens)
+        obs += role_observations(res.tokens, p_laws, q_laws, s.accept_lens, s.draft_lens, rule,
+                                 mtp_capabilities.first_token_from_prefill)
+        h, pi = acceptance_series(len(res.tokens), p_laws, s.accept_lens, s.draft_lens,
+                                  mtp_capabilities.first_token_from_prefill, q_laws=q_laws, rule=rule)
+        hits.append(h), probs.append(pi)
+        rounds += len(s.accept_lens)
+    if not rounds:
+        pytest.skip("speculation was not used (see REPORT-HONEST)")
+    alpha = FORM_ALPHA / ROLE_TESTS
+    pairs = [(t, law) for t, law, _ in obs]
+    corrections = [(t, law) for t, law, role in obs if role == "correction"]
+    tests = {
+        "rank G-test, every role": rank_gtest(pairs, alpha=alpha),
+        "PIT KS in token-id order, every role": pit_ks(pairs, rng_seed=mtp_seed, alpha=alpha, order="id"),
+        "PIT KS in token-id order, corrections": pit_ks(corrections, rng_seed=mtp_seed + 1, alpha=alpha, order="id"),
+        "acceptances vs sum min(p, q)" if rule == "rejection" else "acceptances vs sum p q":
+            coincidence_test("accept-vs-law", {"proposals": (_cat_all(hits), _cat_all(probs))}, alpha),
+    }
+    roles = {r: sum(1 for *_, role in obs if role == r) for r in ("accepted", "correction", "bonus", "plain")}
+    mtp_record(temperature=temperature, rounds=rounds, roles=roles, tests={k: t.model_dump() for k, t in tests.items()})
+    failed = [f"{k}: p={t.p_value:.3g} < alpha={alpha:.2g} ({t.note})" for k, t in tests.items() if not t.passed]
+    assert not failed, (f"emitted tokens do not follow the laws of their roles under independent draft and target "
+                        f"randomness (roles {roles}; shared uniforms, or a rule other than the declared {rule!r}): "
+                        + "; ".join(failed))
 
 
 def _cat_all(xs):
