@@ -21,7 +21,8 @@ from mtpcheck.contracts import GenerationRequest, GenerationResult
 # streaming, checkpoint folders) is kept as the wrapped backend declares it
 WHITE_BOX = {"traces": False, "logprobs": False, "scheduler": False, "lookahead": False, "constraints": False}
 HOOKS = {"traces": False, "scheduler": False, "lookahead": False, "constraints": False}
-MASKS = {"output": {**WHITE_BOX, "concurrent": False}, "server": HOOKS}
+# a request's structured-output field is API, not a hook: the server mask keeps it
+MASKS = {"output": {**WHITE_BOX, "concurrent": False, "request_constraints": False}, "server": HOOKS}
 # the optional methods a runtime without hooks may still offer
 PASSED_THROUGH = ("encode", "decode", "checkpoints", "generate_stream")
 

@@ -359,6 +359,11 @@ def plain_path_laws(prompt: list[int], continuation: list[int], sampling, law, v
 # -- vLLM's per-request speculation metrics (shared by the vllm backend and openai-http's vllm dialect)
 
 
+def constraint_fields(request) -> dict:
+    """GenerationRequest.constraint as vLLM's structured outputs (a choice of strings)."""
+    return {"structured_outputs": {"choice": list(request.constraint.choice)}} if request.constraint else {}
+
+
 def vllm_stop_fields(stop_token_ids: list[int] | None, eos_ids: list[int]) -> dict:
     """A request's stops as vLLM's own fields: None = the model's EOS (vLLM's
     default), else exactly these ids (``ignore_eos`` and ``stop_token_ids``)."""

@@ -28,6 +28,7 @@ class ReferenceBackend:
         self.folders = folders or {}  # role -> checkpoint folder, when loaded from disk
         # longest prompt accepted: attention over an unbounded one grows without limit (23.5 GB at 100 KB)
         self.context_length = context_length
+        self._texts: list[str] | None = None  # per-token texts, for request constraints
 
     def checkpoints(self) -> dict[str, Path]:
         """The checkpoint folders this backend runs (capability checkpoint_evidence)."""
@@ -58,6 +59,7 @@ class ReferenceBackend:
             scheduler=True,
             lookahead="assistant" in kinds,
             constraints=True,
+            request_constraints=e.tokenizer is not None,
             streaming=True,
             checkpoint_evidence=bool(self.folders),
             context_length=self.context_length,
@@ -71,7 +73,22 @@ class ReferenceBackend:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         check_prompt_length(request.prompt_tokens, self.context_length)
-        return self.engine.generate(request)
+        return self.engine.generate(request, constraint=self.output_constraint(request))
+
+    def output_constraint(self, request: GenerationRequest):
+        """Capability request_constraints: the request's `choice` as the engine's
+        constraint automaton (over the tokenizer's per-token texts), or None."""
+        if request.constraint is None:
+            return None
+        from mtpcheck.engine.constraints import TokenDFA
+
+        e = self.engine
+        if e.tokenizer is None:
+            raise ValueError("constraint: a choice of strings needs a backend with a tokenizer (text capability)")
+        if self._texts is None:
+            self._texts = [e.decode_text([i]) for i in range(e.vocab_size)]
+        eos = e.eos_ids if request.stop_token_ids is None else request.stop_token_ids
+        return TokenDFA.from_strings(request.constraint.choice, self._texts, eos)
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Capability `concurrent`: the requests are served together by the
@@ -87,7 +104,8 @@ class ReferenceBackend:
         waiting, ids = list(requests), []
         while waiting or sched.runnable():
             if waiting and len(sched.runnable()) < SLOTS:
-                ids.append(sched.submit(waiting.pop(0)))
+                req = waiting.pop(0)
+                ids.append(sched.submit(req, constraint=self.output_constraint(req)))
             sched.step()
         return [self.engine.result(sched.jobs[i].state) for i in ids]
 
@@ -99,7 +117,7 @@ class ReferenceBackend:
 
         check_prompt_length(request.prompt_tokens, self.context_length)
         engine = self.engine
-        st = engine.start(request)
+        st = engine.start(request, constraint=self.output_constraint(request))
         yield from stream_chunks(st, lambda: engine.step(st))
 
     def target_logits(self, prompt: list[int], continuation: list[int]) -> np.ndarray:

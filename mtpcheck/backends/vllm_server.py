@@ -70,6 +70,7 @@ from mtpcheck.backends.httpserver import (
     ServerError,
     ServerProcess,
     close_all,
+    constraint_fields,
     kept_rounds,
     plain_path_laws,
     serve_together,
@@ -319,6 +320,7 @@ class VllmBackend:
             generate_batch=True,
             concurrent=True,  # requests on concurrent connections, batched by vLLM's scheduler (--max-num-seqs 8)
             streaming=True,  # the server's own SSE stream (generate_stream)
+            request_constraints=self.tokenizer is not None,  # structured_outputs.choice, on both servers
             text=self.tokenizer is not None,
             context_length=self.context,
             notes=(f"{self.model.name}, {drafter}, num_speculative_tokens {self.depth}, float32 on CPU; "
@@ -359,7 +361,8 @@ class VllmBackend:
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
         body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
-                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **({"logprobs": 0} if request.logprobs else {})}
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **({"logprobs": 0} if request.logprobs else {}),
+                **constraint_fields(request)}
         try:
             out = self.post("spec" if used else "plain", body)
         except ServerError as exc:
@@ -407,7 +410,7 @@ class VllmBackend:
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
         body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
-                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), "stream": True}
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), "stream": True, **constraint_fields(request)}
 
         def tokens():
             for chunk in self.client("spec" if used else "plain").stream("/v1/completions", body):

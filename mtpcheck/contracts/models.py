@@ -77,6 +77,26 @@ class SpeculationRequest(_Strict):
         return cls.model_validate(value)
 
 
+class OutputConstraint(_Strict):
+    """A language the whole output belongs to, given through the request as
+    servers take it (structured output): `choice`, one of these strings and
+    then an end token (the request's stop tokens, default the EOS ids). vLLM
+    `structured_outputs: {"choice": [...]}`; llama.cpp `grammar: root ::= "a" |
+    "b"`. Judged by CONSTRAINT-LANGUAGE (capability request_constraints)."""
+
+    choice: list[Annotated[str, Field(min_length=1)]] = Field(..., min_length=1)
+
+    @field_validator("choice")
+    @classmethod
+    def _prefix_free(cls, value: list[str]) -> list[str]:
+        # a string that extends another would let the output go on past an end: one reading of "complete"
+        for a in value:
+            for b in value:
+                if a != b and b.startswith(a):
+                    raise ValueError(f"choice strings must be prefix-free: {a!r} is a prefix of {b!r}")
+        return value
+
+
 class GenerationRequest(_Strict):
     prompt_tokens: list[Annotated[int, Field(ge=0)]] = Field(..., min_length=1)
     max_tokens: int = Field(64, ge=1)
@@ -86,6 +106,8 @@ class GenerationRequest(_Strict):
     speculation: SpeculationRequest | None = Field(None, description="None: the backend's loaded default")
     trace: bool = Field(False, description="ask for a per-round RoundTrace (white-box checks)")
     logprobs: bool = True
+    constraint: OutputConstraint | None = Field(
+        None, description="the output's language (structured output); only for backends declaring request_constraints")
 
     @field_validator("speculation", mode="before")
     @classmethod
@@ -264,6 +286,12 @@ class Capabilities(_Strict):
     scheduler: bool = False
     lookahead: bool = False
     constraints: bool = False
+    request_constraints: bool = Field(
+        False,
+        description="GenerationRequest.constraint is honoured through the runtime's own API (vLLM structured outputs,"
+        " llama.cpp grammars), with speculation: CONSTRAINT-LANGUAGE judges it black-box. `constraints` is the"
+        " white-box hook (a constraint automaton handed to the scheduler)",
+    )
     streaming: bool = Field(
         False, description="generate_stream(request) yields StreamChunk objects in arrival order (a library's"
         " streaming interface, e.g. mlx-lm's stream_generate)",

@@ -38,6 +38,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "scheduler": lambda c: c.scheduler,
     "lookahead": lambda c: c.lookahead,
     "constraints": lambda c: c.constraints,
+    "request_constraints": lambda c: c.request_constraints,
     "inspection": lambda c: c.checkpoint_evidence,
     "streaming": lambda c: c.streaming,
     "concurrent": lambda c: c.concurrent,  # Capabilities enforces generate_batch with it

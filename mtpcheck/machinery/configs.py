@@ -25,9 +25,10 @@ from mtpcheck.laws.stats import SUITE_ALPHA
 # rest, DIST_ALPHA each.
 INDEPENDENCE_ALPHA = 1e-8
 INDEPENDENCE_TESTS = 2
-# rank G-test and PIT-KS for each of the eight DIST_CONFIGS, and DIST-CONTEXT's
-# test (three stages sharing one DIST_ALPHA) for each of the CONTEXT_CONFIGS
-STAT_SUBTESTS = 16 + 3
+# rank G-test and PIT-KS for each of the eight DIST_CONFIGS, DIST-CONTEXT's
+# test (three stages sharing one DIST_ALPHA) for each of the CONTEXT_CONFIGS,
+# and CONSTRAINT-LANGUAGE's G-tests on the speculative and the plain path
+STAT_SUBTESTS = 16 + 3 + 2
 DIST_ALPHA = (SUITE_ALPHA - INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA) / STAT_SUBTESTS
 
 # -- the sampling configurations --------------------------------------------------

@@ -21,6 +21,7 @@ from mtpcheck.contracts import (
     SamplingParams,
     StreamChunk,
 )
+from mtpcheck.contracts.errors import SettingsError
 
 
 class BackendRaised(BackendError):
@@ -136,7 +137,21 @@ class Guarded:
         return self._caps
 
     def generate(self, req: GenerationRequest, expect: tuple[type[BaseException], ...] = ()) -> GenerationResult:
+        self._constraint_declared(req)
         return self._validated(req, self._call("generate", req, expect=expect))
+
+    def decode(self, tokens: list[int]) -> str:
+        """Capability text: the backend's detokenizer, under the per-call timeout."""
+        out = self._call("decode", list(tokens))
+        if not isinstance(out, str):
+            raise BackendGarbage(f"decode() returned {type(out).__name__}, not str")
+        return out
+
+    def _constraint_declared(self, *reqs: GenerationRequest) -> None:
+        # a backend that does not declare the field would drop it silently: the request never leaves
+        if any(r.constraint is not None for r in reqs) and not self.capabilities().request_constraints:
+            raise SettingsError("GenerationRequest.constraint given, but the backend does not declare "
+                                "request_constraints: it would be ignored, not honoured")
 
     def _validated(self, req: GenerationRequest, raw, what: str = "generate()") -> GenerationResult:
         try:
@@ -157,6 +172,7 @@ class Guarded:
 
     def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
         """Capability generate_batch: one call, results validated as generate()'s."""
+        self._constraint_declared(*reqs)
         raw = self._call("generate_batch", list(reqs))
         if not isinstance(raw, (list, tuple)) or len(raw) != len(reqs):
             raise BackendGarbage(f"generate_batch() returned {type(raw).__name__} of length "
@@ -168,6 +184,7 @@ class Guarded:
         (consumed under one timeout), each validated."""
         if getattr(self.backend, "generate_stream", None) is None:
             raise BackendGarbage(f"backend {type(self.backend).__name__} declares streaming but has no generate_stream()")
+        self._constraint_declared(req)
         raw = self._consume(req)
         chunks = []
         V = self.capabilities().vocab_size

@@ -157,8 +157,13 @@ ZOO: list[Mutant] = [
            ("TRACE-ROLLBACK", "DRAFT-FRESH"), _zoo("assistant_not_rolled_back"), ASSISTANT,
            invisible="the assistant's stale context only lowers acceptance: every token is still verified by the target, so tokens, their law and the statistics' consistency are exact"),
     Mutant("constraint-advanced-by-rejected", "B09", "the grammar state takes the rejected proposal, not the correction",
-           ("CONSTRAINT-ROLLBACK", "CONSTRAINT-EMIT", "CONSTRAINT-MASK"), _zoo("constraint_advanced_by_rejected"),
-           invisible="constraints are a hook (capability constraints), withheld black-box"),
+           ("CONSTRAINT-ROLLBACK", "CONSTRAINT-EMIT", "CONSTRAINT-MASK", "CONSTRAINT-LANGUAGE"),
+           _zoo("constraint_advanced_by_rejected"), base="mlx",
+           needs="a tokenizer: the request's constraint is a choice of strings (CONSTRAINT-LANGUAGE), which the toy "
+                 "models cannot spell",
+           invisible="constraints are a hook (capability constraints) and the request's constraint field an API "
+                     "feature, both withheld output-only; a server shows the request's constraint",
+           server_visible=True),
     Mutant("unmasked-drafter", "B09", "draft laws not masked by the constraint (the target's are)",
            ("CONSTRAINT-MASK",), _zoo("unmasked_drafter"),
            invisible="constraints are a hook (capability constraints), withheld black-box; the target's mask keeps the output exact anyway"),

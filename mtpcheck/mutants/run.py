@@ -321,7 +321,8 @@ def render_markdown(runs: list[MutantRun], meta: dict, black: list[MutantRun] | 
         lines += [
             f"**Server column** (`mtpcheck mutants --server`): the mask withholds only what a server cannot show "
             f"({', '.join(HOOKS)}) and keeps what it shows through its ordinary API: requests in flight together "
-            f"(capability concurrent), logprobs and streams; each runs its plausible clauses plus "
+            f"(capability concurrent), logprobs, streams and a constraint in the request (request_constraints); "
+            f"each runs its plausible clauses plus "
             f"{', '.join(SERVER_EXTRA)}. **{v.count('killed')} of {len(server)} killed by the server mask**; "
             f"{v.count('output-invisible')} invisible to a server (listed below), {v.count('survived')} survived, "
             f"{v.count('no report')} without a report. Server wall time {(server_meta or {}).get('wall_s', 0):.0f} s"
@@ -391,7 +392,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "column is read from --columns and the matrix shows both")
     p.add_argument("--server", action="store_true",
                    help="the server column: every mutant with only traces and hooks withheld (requests in flight "
-                        "together, logprobs and streams kept)")
+                        "together, logprobs, streams and request constraints kept)")
     p.add_argument("--columns", default=str(ROOT / "docs" / "mutants.json"),
                    help="where both columns' runs are kept between runs (default docs/mutants.json); '-' for none")
     p.set_defaults(func=mutants_main)
