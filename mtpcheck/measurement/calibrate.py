@@ -185,6 +185,10 @@ def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
             for e in ev.get(cid, []):
                 if "test" in e:
                     add(f"{cid} {kind}", cid, e["test"]["p_value"], conservative=True)
+        # CONSTRAINT-LANGUAGE (issue 23): one multinomial G-test per path over identical laws, near its level
+        for e in ev.get("CONSTRAINT-LANGUAGE", []):
+            if "test" in e:
+                add(f"CONSTRAINT-LANGUAGE G-test ({e['path']})", "CONSTRAINT-LANGUAGE", e["test"]["p_value"])
         # SEED-STREAMS-INDEPENDENT's role form (issue 24, item 2): its four tests, e-value conservative
         for e in ev.get("SEED-STREAMS-INDEPENDENT", []):
             for name, t in (e.get("tests") or {}).items():
