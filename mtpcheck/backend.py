@@ -48,6 +48,16 @@ class DraftLawBackend(Protocol):
         ...
 
 
+class ParallelSamplesBackend(Protocol):
+    """Optional: backends that serve n samples of one request in one call
+    (capability `parallel_samples`, OpenAI's `n`)."""
+
+    def generate_n(self, request: GenerationRequest, n: int) -> list[GenerationResult]:
+        """n samples of the request, in the runtime's order; with a seed, the
+        same n samples on every call."""
+        ...
+
+
 class RawLogitsBackend(Protocol):
     """Optional: backends that expose their target's raw logits (capability
     `raw_logits`): CTRL-CONTRACT's ground truth for penalties and logit bias."""

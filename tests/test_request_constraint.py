@@ -73,3 +73,32 @@ def test_output_path_drops_only_a_final_end_token():
     assert output_path([5, 6], [0]) == (5, 6)
     assert output_path([0, 6], [0]) == (0, 6)
     assert np.array(output_path([], [0])).size == 0
+
+
+# -- parallel samples (generate_n, SEED-SAMPLES-INDEPENDENT) ---------------------------
+
+
+def test_the_references_samples_reproduce_and_differ():
+    from mtpcheck.backends import load_backend
+    from mtpcheck.backends.reference import child_seed
+
+    toy = Guarded(load_backend("toy"))
+    assert toy.capabilities().parallel_samples
+    req = GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=16, sampling=SamplingParams(temperature=1.0, seed=5))
+    a, b = [r.tokens for r in toy.generate_n(req, 3)], [r.tokens for r in toy.generate_n(req, 3)]
+    assert a == b and len({tuple(t) for t in a}) == 3
+    # sample i is the solo request under its child seed; no two requests' children share a seed
+    solo = toy.generate(req.model_copy(update={"sampling": req.sampling.model_copy(update={"seed": child_seed(5, 1)})}))
+    assert solo.tokens == a[1]
+    assert {child_seed(5, i) for i in range(4)}.isdisjoint({child_seed(6, i) for i in range(4)})
+
+
+def test_a_generate_n_that_returns_the_wrong_count_is_garbage():
+    from mtpcheck.backends import load_backend
+    from mtpcheck.contracts.errors import BackendError
+
+    inner = load_backend("toy")
+    inner.generate_n = lambda request, n: [inner.generate(request)]
+    req = GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=4, sampling=SamplingParams(temperature=1.0, seed=5))
+    with pytest.raises(BackendError, match="n=3"):
+        Guarded(inner).generate_n(req, 3)

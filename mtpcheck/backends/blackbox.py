@@ -22,7 +22,8 @@ from mtpcheck.contracts import GenerationRequest, GenerationResult
 WHITE_BOX = {"traces": False, "logprobs": False, "scheduler": False, "lookahead": False, "constraints": False}
 HOOKS = {"traces": False, "scheduler": False, "lookahead": False, "constraints": False}
 # a request's structured-output field is API, not a hook: the server mask keeps it
-MASKS = {"output": {**WHITE_BOX, "concurrent": False, "request_constraints": False}, "server": HOOKS}
+MASKS = {"output": {**WHITE_BOX, "concurrent": False, "request_constraints": False, "parallel_samples": False},
+         "server": HOOKS}
 # the optional methods a runtime without hooks may still offer
 PASSED_THROUGH = ("encode", "decode", "checkpoints", "generate_stream")
 
@@ -56,6 +57,11 @@ class BlackBox:
         if self.mask == "output":
             return [self.generate(r) for r in reqs]
         return [self._seen(res) for res in self.inner.generate_batch(reqs)]
+
+    def generate_n(self, request: GenerationRequest, n: int) -> list[GenerationResult]:
+        if self.mask == "output":
+            raise AttributeError(f"{type(self.inner).__name__} seen output-only has no generate_n")
+        return [self._seen(r) for r in self.inner.generate_n(request.model_copy(update={"trace": False}), n)]
 
     def target_distributions(self, prompt, continuation, sampling):
         return self.inner.target_distributions(prompt, continuation, sampling)

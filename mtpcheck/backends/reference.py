@@ -19,6 +19,18 @@ from mtpcheck.contracts import (
 SLOTS = 4  # requests generate_batch keeps in flight at once
 
 
+def child_seed(seed: int | None, index: int) -> int:
+    """The seed of sample `index` of a request: hashed from (seed, index), so
+    that no two requests' samples share a seed (vLLM's seed + index makes
+    samples 1.. of seed s those of seed s + 1 ..)."""
+    import hashlib
+    import os
+
+    if seed is None:
+        return int.from_bytes(os.urandom(7), "little")
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=7).digest(), "little")
+
+
 class ReferenceBackend:
     """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
     acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=tiny|mlx-vlm|mlx-vlm-native|PATH."""
@@ -65,6 +77,7 @@ class ReferenceBackend:
             context_length=self.context_length,
             generate_batch=True,
             concurrent=True,
+            parallel_samples=True,
             # float32 logits: the verify pass and the teacher-forced pass round differently,
             # and a min-p ratio 1.5e-6 from its threshold flipped (docs/statistics.md)
             filter_boundary_tolerance=1e-5,
@@ -74,6 +87,16 @@ class ReferenceBackend:
     def generate(self, request: GenerationRequest) -> GenerationResult:
         check_prompt_length(request.prompt_tokens, self.context_length)
         return self.engine.generate(request, constraint=self.output_constraint(request))
+
+    def generate_n(self, request: GenerationRequest, n: int) -> list[GenerationResult]:
+        """Capability parallel_samples: sample i runs under child_seed(seed, i)
+        (a fresh random seed each when the request has none), served together."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        sp = request.sampling
+        seeds = [child_seed(sp.seed, i) for i in range(n)]
+        return self.generate_batch([request.model_copy(update={"sampling": sp.model_copy(update={"seed": s})})
+                                    for s in seeds])
 
     def output_constraint(self, request: GenerationRequest):
         """Capability request_constraints: the request's `choice` as the engine's

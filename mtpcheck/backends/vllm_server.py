@@ -321,6 +321,7 @@ class VllmBackend:
             concurrent=True,  # requests on concurrent connections, batched by vLLM's scheduler (--max-num-seqs 8)
             streaming=True,  # the server's own SSE stream (generate_stream)
             request_constraints=self.tokenizer is not None,  # structured_outputs.choice, on both servers
+            parallel_samples=True,  # OpenAI's n (generate_n)
             text=self.tokenizer is not None,
             context_length=self.context,
             notes=(f"{self.model.name}, {drafter}, num_speculative_tokens {self.depth}, float32 on CPU; "
@@ -397,6 +398,39 @@ class VllmBackend:
             return res
         lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
         return res.model_copy(update={"logprobs": token_logprobs(lps, len(res.tokens))})
+
+    def generate_n(self, request: GenerationRequest, n: int) -> list[GenerationResult]:
+        """Capability parallel_samples: one completion with OpenAI's `n`, the
+        choices in their `index` order. vLLM's speculation metrics are per
+        response, not per choice: each sample's report says speculation ran
+        and gives no rounds."""
+        from mtpcheck.backends._library import check_request, drive, report, result_of
+
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        check_request(request, self.vocab_size, self.context)
+        spec, used, depth, reason, message = self.plan(request)
+        sp = request.sampling
+        seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
+        body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD), "n": n,
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **constraint_fields(request)}
+        out = self.post("spec" if used else "plain", body)
+        choices = sorted(out.get("choices") or [], key=lambda c: c.get("index", 0))
+        if len(choices) != n:
+            raise ServerError(f"asked n={n}, the response has {len(choices)} choices")
+        stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        results = []
+        for c in choices:
+            if c.get("token_ids") is None:
+                raise ServerError("a choice carries no token_ids (return_token_ids)")
+            state = drive(iter(int(t) for t in c["token_ids"]), request, stops,
+                          self.decode if self.tokenizer else (lambda t: ""))
+            rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode, drafter=self.config,
+                         depth=depth, draft_kind=self.kind, runtime=self.runtime, reason=reason, message=message,
+                         accept_lens=[], draft_lens=[])
+            res = result_of(state, rep.model_copy(update={"acceptance_rule": "rejection"}), seed)
+            results.append(res.model_copy(update={"logprobs": None}))
+        return results
 
     def generate_stream(self, request: GenerationRequest):
         """Capability `streaming`: the server's own SSE stream (``stream: true``,

@@ -17,7 +17,7 @@ SUITE = HERE.parent / "suite"
 Capability = Literal[
     "speculation", "target_distributions", "draft_distributions", "traces", "logprobs", "text", "seeded_determinism",
     "position_addressed_target_sampling", "exact_match", "rejection", "scheduler", "lookahead",
-    "constraints", "request_constraints", "inspection", "streaming", "concurrent",
+    "constraints", "request_constraints", "parallel_samples", "inspection", "streaming", "concurrent",
 ]
 
 

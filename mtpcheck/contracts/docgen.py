@@ -156,6 +156,7 @@ NOTES: dict[str, str] = {
     "Capabilities.position_addressed_target_sampling": "a seeded target sample depends only on the seed and the "
     "logical position (not on how many draws came before): then exact match must equal plain decoding",
     "Capabilities.target_distributions": "target_distributions() works (ground truth of the statistical clauses)",
+    "Capabilities.parallel_samples": "generate_n() serves n samples of one request (SEED-SAMPLES-INDEPENDENT)",
     "Capabilities.request_constraints": "the request's constraint field is honoured (CONSTRAINT-LANGUAGE)",
     "Capabilities.draft_distributions": "draft_distributions() works (ground truth of the proposal law)",
     "Capabilities.logprobs": "GenerationResult.logprobs are reported",

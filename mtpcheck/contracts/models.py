@@ -286,6 +286,11 @@ class Capabilities(_Strict):
     scheduler: bool = False
     lookahead: bool = False
     constraints: bool = False
+    parallel_samples: bool = Field(
+        False,
+        description="generate_n(request, n) serves n samples of one request in one call, as OpenAI's `n`: a list of n"
+        " GenerationResults; with a seed the n samples reproduce as a whole. SEED-SAMPLES-INDEPENDENT judges them",
+    )
     request_constraints: bool = Field(
         False,
         description="GenerationRequest.constraint is honoured through the runtime's own API (vLLM structured outputs,"

@@ -39,6 +39,7 @@ CAPABILITIES: dict[str, Callable[[Capabilities], bool]] = {
     "lookahead": lambda c: c.lookahead,
     "constraints": lambda c: c.constraints,
     "request_constraints": lambda c: c.request_constraints,
+    "parallel_samples": lambda c: c.parallel_samples,
     "inspection": lambda c: c.checkpoint_evidence,
     "streaming": lambda c: c.streaming,
     "concurrent": lambda c: c.concurrent,  # Capabilities enforces generate_batch with it

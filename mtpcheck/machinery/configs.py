@@ -19,12 +19,12 @@ from mtpcheck.laws.stats import SUITE_ALPHA
 # -- the budget ----------------------------------------------------------------
 
 # The run's false-failure budget SUITE_ALPHA = 1e-6, split by a union bound:
-# SEED-INDEPENDENT and SEED-STREAMS-INDEPENDENT get INDEPENDENCE_ALPHA each
+# SEED-INDEPENDENT, SEED-STREAMS-INDEPENDENT and SEED-SAMPLES-INDEPENDENT get INDEPENDENCE_ALPHA each
 # (their e-value tests win by orders of magnitude when they fire, so a small
 # share costs them little); the STAT_SUBTESTS distribution subtests share the
 # rest, DIST_ALPHA each.
 INDEPENDENCE_ALPHA = 1e-8
-INDEPENDENCE_TESTS = 2
+INDEPENDENCE_TESTS = 3  # SEED-INDEPENDENT, SEED-STREAMS-INDEPENDENT, SEED-SAMPLES-INDEPENDENT
 # rank G-test and PIT-KS for each of the eight DIST_CONFIGS, DIST-CONTEXT's
 # test (three stages sharing one DIST_ALPHA) for each of the CONTEXT_CONFIGS,
 # and CONSTRAINT-LANGUAGE's G-tests on the speculative and the plain path

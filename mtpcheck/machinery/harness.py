@@ -140,6 +140,15 @@ class Guarded:
         self._constraint_declared(req)
         return self._validated(req, self._call("generate", req, expect=expect))
 
+    def generate_n(self, req: GenerationRequest, n: int) -> list[GenerationResult]:
+        """Capability parallel_samples: n samples of one request, each validated as generate()'s."""
+        self._constraint_declared(req)
+        raw = self._call("generate_n", req, n)
+        if not isinstance(raw, (list, tuple)) or len(raw) != n:
+            raise BackendGarbage(f"generate_n() returned {type(raw).__name__} of length "
+                                 f"{len(raw) if hasattr(raw, '__len__') else '?'} for n={n}")
+        return [self._validated(req, r, "generate_n()") for r in raw]
+
     def decode(self, tokens: list[int]) -> str:
         """Capability text: the backend's detokenizer, under the per-call timeout."""
         out = self._call("decode", list(tokens))

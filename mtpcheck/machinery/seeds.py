@@ -67,3 +67,48 @@ def seed_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, see
                 for delta in DELTAS:
                     add(f"{name} lag {lag}: PIT within {delta}", *closeness_series(wa, wb, lag, delta))
     return series
+
+
+def run_pair_series(a: tuple, b: tuple, truncated: bool) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Token agreement and PIT closeness of two runs (tokens, laws, PIT values) at each lag."""
+    (ta, la, wa), (tb, lb, wb) = a, b
+    out = {}
+    for lag in LAGS:
+        out[f"lag {lag}: tokens agree"] = agreement_series(ta, la, tb, lb, lag)
+        if not truncated:  # a PIT value needs the whole law: top-N rows leave it undefined
+            for delta in DELTAS:
+                out[f"lag {lag}: PIT within {delta}"] = closeness_series(wa, wb, lag, delta)
+    return out
+
+
+def sample_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, seeds: list[int], n: int,
+                       rng: np.random.Generator, temperature: float = INDEPENDENCE_TEMPERATURE
+                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """SEED-SAMPLES-INDEPENDENT's series: for each base seed s, n samples of one
+    request under s and n under s + 1 (generate_n); samples j and j + 1 of one
+    request ("within a request") and every sample of s against every sample of
+    s + 1 ("neighbouring seeds"), concatenated by kind and lag."""
+    sp = SamplingParams(temperature=temperature)
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(kind, found):
+        for key, (h, p) in found.items():
+            old = series.get(f"{kind}, {key}")
+            series[f"{kind}, {key}"] = (h, p) if old is None else (np.concatenate([old[0], h]),
+                                                                   np.concatenate([old[1], p]))
+
+    for r, base in enumerate(seeds):
+        prompt = prompts[r % len(prompts)]
+        runs = {}
+        for s in (base, base + 1):
+            req = request(prompt, n_tokens, sp.model_copy(update={"seed": s}), spec_for(caps), stop_token_ids=[])
+            runs[s] = []
+            for res in backend.generate_n(req, n):
+                laws = backend.target_distributions(prompt, res.tokens, sp)
+                runs[s].append((res.tokens, laws, None if caps.truncated_laws else pit_values(res.tokens, laws, rng)))
+        for j in range(n - 1):
+            add("within a request", run_pair_series(runs[base][j], runs[base][j + 1], bool(caps.truncated_laws)))
+        for j in range(n):
+            for k in range(n):
+                add("neighbouring seeds", run_pair_series(runs[base][j], runs[base + 1][k], bool(caps.truncated_laws)))
+    return series

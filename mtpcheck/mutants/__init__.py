@@ -209,6 +209,14 @@ ZOO: list[Mutant] = [
            "uniform of that position", ("SEED-STREAMS-INDEPENDENT",), _zoo("acceptance_reuses_draft_uniform")),
     Mutant("correction-reuses-accept-uniform", "B12", "the correction is drawn with the acceptance uniform that "
            "rejected the proposal", ("SEED-STREAMS-INDEPENDENT",), _zoo("correction_reuses_accept_uniform")),
+    Mutant("samples-share-the-parent-seed", "B12", "n > 1: every sample runs under the request's own seed",
+           ("SEED-SAMPLES-INDEPENDENT",), _zoo("samples_share_the_parent_seed"), scope="backend",
+           invisible="each sample is exact and a solo request unchanged; only n > 1 (withheld output-only) shows "
+                     "the copies", server_visible=True),
+    Mutant("samples-seed-plus-index", "B12", "n > 1: sample i runs under seed + i (vLLM 0.32's child seeds)",
+           ("SEED-SAMPLES-INDEPENDENT",), _zoo("samples_seed_plus_index"), scope="backend",
+           invisible="each sample is exact and a solo request unchanged; only n > 1 (withheld output-only) shows "
+                     "requests under neighbouring seeds sharing samples", server_visible=True),
     Mutant("lenient-acceptance", "B13", "accept with min(1, p / (0.5 q)): a relaxed threshold",
            ("TRACE-ACCEPT",), _zoo("lenient_acceptance", lam=0.5)),
     Mutant("typical-acceptance", "B13", "Medusa typical acceptance: p(d) > min(0.09, 0.3 exp(-H(p)))",

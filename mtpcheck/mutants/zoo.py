@@ -640,6 +640,28 @@ def correction_reuses_accept_uniform(engine):
     become(engine, CorrectionReusesAcceptUniform)
 
 
+def _children_seeded(backend, rule):
+    """generate_n with child seeds from `rule(seed, index)` instead of the reference's hash."""
+
+    def generate_n(request, n):
+        sp = request.sampling
+        return backend.generate_batch([request.model_copy(update={"sampling": sp.model_copy(
+            update={"seed": rule(sp.seed, i)})}) for i in range(n)])
+
+    backend.generate_n = generate_n
+
+
+def samples_share_the_parent_seed(backend):
+    """n > 1: every sample runs under the request's own seed: n copies."""
+    _children_seeded(backend, lambda seed, i: seed)
+
+
+def samples_seed_plus_index(backend):
+    """n > 1: sample i runs under seed + i (vLLM 0.32's rule): requests under
+    neighbouring seeds share all but one of their samples."""
+    _children_seeded(backend, lambda seed, i: seed + i)
+
+
 # -- B09 event state not transactional ----------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from mtpcheck.laws.independence import (
 from mtpcheck.laws.stats import pit_ks, rank_gtest
 from mtpcheck.machinery import scheduling as S
 from mtpcheck.machinery.configs import INDEPENDENCE_ALPHA, request, spec_for
-from mtpcheck.machinery.seeds import REPLICATES, base_seeds, seed_pair_series
+from mtpcheck.machinery.seeds import REPLICATES, base_seeds, sample_pair_series, seed_pair_series
 
 TOKENS = 32  # per request of SEED-HISTORY
 
@@ -88,6 +88,38 @@ def test_different_seeds_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixtu
     assert res.passed, (f"runs under different seeds coincide more often than independent randomness allows "
                         f"(shared draws between seeds; or an output law other than the target's, see DIST-EQUIV): "
                         f"{res.note}; p={res.p_value:.3g} < alpha={INDEPENDENCE_ALPHA:.2g}")
+
+
+# -- SEED-SAMPLES-INDEPENDENT -------------------------------------------------------------
+
+SAMPLES_N = 4  # samples per request (OpenAI's n)
+
+
+@pytest.mark.contract("SEED-SAMPLES-INDEPENDENT")
+def test_parallel_samples_reproduce(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed, mtp_record):
+    problems = []
+    for i, prompt in enumerate(list(mtp_fixture.values())[:2]):
+        req = request(prompt, mtp_profile.dist_tokens, SamplingParams(temperature=1.0, seed=mtp_seed + 101 * i),
+                      spec_for(mtp_capabilities), stop_token_ids=[])
+        first = [r.tokens for r in mtp_backend.generate_n(req, SAMPLES_N)]
+        again = [r.tokens for r in mtp_backend.generate_n(req, SAMPLES_N)]
+        problems += [f"prompt {i}, seed {req.sampling.seed}: sample {j} differs on the second call"
+                     for j, (a, b) in enumerate(zip(first, again, strict=True)) if a != b]
+    mtp_record(n=SAMPLES_N, problems=problems)
+    assert not problems, "a seeded request's n samples do not reproduce: " + "; ".join(problems[:4])
+
+
+@pytest.mark.contract("SEED-SAMPLES-INDEPENDENT")
+def test_parallel_samples_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed,
+                                         mtp_record):
+    rng = np.random.default_rng(mtp_seed + 3)  # the PIT randomisation: the suite's own
+    series = sample_pair_series(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile.dist_tokens,
+                                base_seeds(mtp_seed + 29, REPLICATES[mtp_profile.name]), SAMPLES_N, rng)
+    res = series_test("sample-agreement", series, INDEPENDENCE_ALPHA)
+    mtp_record(n=SAMPLES_N, test=res.model_dump())
+    assert res.passed, (f"samples of one request, or of requests under neighbouring seeds, coincide more often than "
+                        f"independent draws allow (copies, shifted streams, or child seeds that overlap): {res.note}; "
+                        f"p={res.p_value:.3g} < alpha={INDEPENDENCE_ALPHA:.2g}")
 
 
 # -- SEED-STREAMS-INDEPENDENT -------------------------------------------------------------
