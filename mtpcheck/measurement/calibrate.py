@@ -181,7 +181,8 @@ def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
                 if st.get("df", 0) > 0 and st["stage"] in ("pilot", "targeted"):
                     add(f"DIST-CONTEXT {st['stage']} G-test", "DIST-CONTEXT", st["p_value"])
         # SEED-INDEPENDENT: Bonferroni over its series' p-values (issue 24); both conservative
-        for cid, kind in (("SEED-INDEPENDENT", "Bonferroni"), ("SEED-STREAMS-INDEPENDENT", "e-value")):
+        for cid, kind in (("SEED-INDEPENDENT", "Bonferroni"), ("SEED-STREAMS-INDEPENDENT", "e-value"),
+                          ("SEED-SAMPLES-INDEPENDENT", "Bonferroni")):
             for e in ev.get(cid, []):
                 if "test" in e:
                     add(f"{cid} {kind}", cid, e["test"]["p_value"], conservative=True)
