@@ -354,6 +354,11 @@ class VllmBackend:
         return {"model": "mtpcheck", "prompt": list(prompt), "max_tokens": n, "seed": seed, "stream": False,
                 "return_token_ids": True, "skip_special_tokens": False, **sampling_fields(sp)}
 
+    def _request_body(self, request: GenerationRequest, seed: int) -> dict:
+        """A request's completion body: sampling, vLLM's own stops, the constraint."""
+        return {**self._body(request.prompt_tokens, request.max_tokens, request.sampling, seed % SEED_MOD),
+                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **constraint_fields(request)}
+
     def generate(self, request: GenerationRequest) -> GenerationResult:
         from mtpcheck.backends._library import check_request, drive, report, result_of
 
@@ -361,9 +366,7 @@ class VllmBackend:
         spec, used, depth, reason, message = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
-                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **({"logprobs": 0} if request.logprobs else {}),
-                **constraint_fields(request)}
+        body = {**self._request_body(request, seed), **({"logprobs": 0} if request.logprobs else {})}
         try:
             out = self.post("spec" if used else "plain", body)
         except ServerError as exc:
@@ -412,8 +415,7 @@ class VllmBackend:
         spec, used, depth, reason, message = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD), "n": n,
-                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), **constraint_fields(request)}
+        body = {**self._request_body(request, seed), "n": n}
         out = self.post("spec" if used else "plain", body)
         choices = sorted(out.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != n:
@@ -443,8 +445,7 @@ class VllmBackend:
         _, used, _, _, _ = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        body = {**self._body(request.prompt_tokens, request.max_tokens, sp, seed % SEED_MOD),
-                **vllm_stop_fields(request.stop_token_ids, self.eos_ids), "stream": True, **constraint_fields(request)}
+        body = {**self._request_body(request, seed), "stream": True}
 
         def tokens():
             for chunk in self.client("spec" if used else "plain").stream("/v1/completions", body):

@@ -59,13 +59,8 @@ def seed_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, see
     for r, base in enumerate(seeds):
         for name, pair in PAIRS.items():
             a, b = pair(base)
-            (ta, la, wa), (tb, lb, wb) = run(r, a), run(r, b)
-            for lag in LAGS:
-                add(f"{name} lag {lag}: tokens agree", *agreement_series(ta, la, tb, lb, lag))
-                if caps.truncated_laws:  # a PIT value needs the whole law: top-N rows leave it undefined
-                    continue
-                for delta in DELTAS:
-                    add(f"{name} lag {lag}: PIT within {delta}", *closeness_series(wa, wb, lag, delta))
+            for key, (h, p) in run_pair_series(run(r, a), run(r, b), bool(caps.truncated_laws)).items():
+                add(f"{name} {key}", h, p)
     return series
 
 
