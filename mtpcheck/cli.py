@@ -5,6 +5,7 @@ Bad arguments give one clear line on stderr and exit status 2."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -142,6 +143,25 @@ def cmd_explain_divergence(args) -> int:
     return 0 if report.verdict in ("no-divergence", "near-tie") else 1
 
 
+def _xdist_args(jobs: str) -> list[str]:
+    """--jobs N|auto -> pytest-xdist's arguments. Whole modules go to one worker
+    (loadscope): a module's shared samples (DIST-ZERO and DIST-EQUIV judge the
+    same runs) are then drawn once, not once per worker."""
+    from mtpcheck.machinery.settings import SettingsError
+
+    if jobs == "auto":
+        n = os.cpu_count() or 1
+    else:
+        n = int(jobs) if jobs.isdigit() and int(jobs) > 0 else None
+    if n is None:
+        raise SettingsError(f"--jobs: expected a positive integer or 'auto', got {jobs!r}")
+    if n == 1:
+        return []
+    if importlib.util.find_spec("xdist") is None:  # found, not imported: pytest loads it as a plugin
+        raise SettingsError(f"--jobs {jobs}: needs pytest-xdist (pip install pytest-xdist, or mtpcheck[dev])")
+    return ["-n", str(n), "--dist", "loadscope"]
+
+
 def cmd_run(args) -> int:
     """The conformance run: the suite through pytest, a clause table, a JSON report.
     Settings are checked here first, so a bad one is exit 2 in one line."""
@@ -163,6 +183,7 @@ def cmd_run(args) -> int:
             check_writable(path, flag)
         for flag, path in (("--xfails-file", args.xfails_file), ("--skips-file", args.skips_file)):
             check_id_file(path, flag)
+        jobs = _xdist_args(args.jobs)
     except (UnknownBackendError, SettingsError) as exc:
         return _fail(str(exc).removeprefix("--mtp-backend-option: "))
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
@@ -173,6 +194,7 @@ def cmd_run(args) -> int:
                         ("--mtp-xfails-file", args.xfails_file), ("--mtp-skips-file", args.skips_file)):
         if value:
             pytest_args.append(f"{flag}={value}")
+    pytest_args += jobs
     pytest_args += args.pytest_args
     code = pytest.main(pytest_args)
     return int(code)
@@ -255,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--markdown", metavar="PATH", help="the clause table with the evidence summary, for a pull request")
     r.add_argument("--xfails-file")
     r.add_argument("--skips-file")
+    r.add_argument("--jobs", default="1", metavar="N|auto",
+                   help="parallel pytest workers (pytest-xdist), one module to a worker; auto: one per CPU")
     r.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     r.set_defaults(func=cmd_run)
 

@@ -22,6 +22,8 @@ def run(capsys, *argv):
     (["generate", "--prompt", "x", "--speculation", "turbo"], "invalid choice: 'turbo'"),
     (["generate", "--prompt", "x", "--backend", "toy"], "backend 'toy' has no tokenizer"),
     (["run", "--backend", "nosuch"], "unknown backend 'nosuch'"),
+    (["run", "--jobs", "0"], "--jobs: expected a positive integer or 'auto', got '0'"),
+    (["run", "--jobs", "many"], "--jobs: expected a positive integer or 'auto', got 'many'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(capsys, argv, message):
@@ -30,6 +32,23 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, argv, message):
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
+
+
+def test_run_jobs_become_xdist_workers_by_module(monkeypatch):
+    import importlib.util
+
+    from mtpcheck.cli import _xdist_args
+    from mtpcheck.machinery.settings import SettingsError
+
+    assert _xdist_args("1") == []
+    assert _xdist_args("3") == ["-n", "3", "--dist", "loadscope"]
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert _xdist_args("auto") == ["-n", "2", "--dist", "loadscope"]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xdist" else real(name, *a))
+    with pytest.raises(SettingsError, match="needs pytest-xdist"):
+        _xdist_args("2")
+    assert _xdist_args("1") == []  # one worker needs nothing
 
 
 def test_contracts_check_and_list(capsys):

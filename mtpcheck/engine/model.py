@@ -11,12 +11,14 @@ without a head.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .cache import KVCache, RecurrentCache
 
@@ -37,13 +39,15 @@ class ModelArgs:
         return self.layer_kinds or ["attn"] * self.n_layers
 
 
-def causal_mask(L: int, offset: int) -> mx.array | None:
-    """Additive mask [L, offset+L]: query i (at offset+i) sees keys <= offset+i."""
+@functools.lru_cache(maxsize=4096)
+def causal_mask(L: int, offset: int, dtype=mx.float32) -> mx.array | None:
+    """Additive mask [L, offset+L]: query i (at offset+i) sees keys <= offset+i.
+    Built on the host and cached: a tiny model's forward is per-op overhead."""
     if L == 1:
         return None
-    q = mx.arange(offset, offset + L)[:, None]
-    k = mx.arange(offset + L)[None, :]
-    return mx.where(k <= q, 0.0, -1e9).astype(mx.float32)
+    q = np.arange(offset, offset + L)[:, None]
+    k = np.arange(offset + L)[None, :]
+    return mx.array(np.where(k <= q, 0.0, -1e9).astype(np.float32)).astype(dtype)  # the fused kernel wants the activations' dtype
 
 
 class Attention(nn.Module):
@@ -64,9 +68,7 @@ class Attention(nn.Module):
         q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
         if cache is not None:
             k, v = cache.update(k, v)  # [B, H, offset+L, hd]
-        mask = causal_mask(L, offset)
-        if mask is not None:
-            mask = mask.astype(q.dtype)  # the fused kernel wants the activations' dtype (bf16 on GPU)
+        mask = causal_mask(L, offset, q.dtype)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=mask)
         return self.wo(o.transpose(0, 2, 1, 3).reshape(B, L, D))
 

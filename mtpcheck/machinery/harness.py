@@ -56,6 +56,10 @@ class Profile:
     # CTRL-CONTRACT (mtpcheck/suite/test_controls.py): fixture prompts per sampling
     # control, the most repetitive first (penalties act on repeated tokens)
     control_prompts: int = 2
+    # SEED-STREAMS-INDEPENDENT's role form: the temperatures it samples at. ci keeps
+    # T = 1.0 alone (15 s of a 2-core run); its four tests kill the zoo's shared-uniform
+    # mutants there with p <= 1.9e-12 against alpha 6.25e-10 (docs/statistics.md)
+    stream_temperatures: tuple[float, ...] = (1.0, 1.3)
 
     def hypothesis_phases(self) -> tuple:
         """Phases for the suite's @settings: those of the loaded hypothesis
@@ -70,7 +74,7 @@ class Profile:
 
 PROFILES = {
     "ci": Profile("ci", dist_runs=40, dist_tokens=48, greedy_tokens=40, hypothesis_examples=10, trace_runs=6,
-                  context_pilot=20, context_runs=200, shrink=False),
+                  context_pilot=20, context_runs=200, shrink=False, stream_temperatures=(1.0,)),
     "dev": Profile("dev", dist_runs=80, dist_tokens=48, greedy_tokens=64, hypothesis_examples=25, trace_runs=12,
                    context_pilot=100, context_runs=1400, control_prompts=4),
     "thorough": Profile("thorough", dist_runs=300, dist_tokens=64, greedy_tokens=128, hypothesis_examples=100, trace_runs=40,
