@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.server
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -115,6 +116,7 @@ def probs_json(p, tok, n):
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     depth = 0
+    disconnects = 0  # streams whose client went away before the end (GET /health reports them)
 
     def log_message(self, *a):
         pass
@@ -128,7 +130,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        self._send({"status": "ok"})
+        self._send({"status": "ok", "disconnects": Handler.disconnects})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -153,7 +155,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if oai:
                     chunk = {"choices": [{"text": chunk["content"], "finish_reason": None}],
                              "timings": chunk.get("timings"), "__verbose": chunk if body.get("verbose") else None}
-                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                try:  # a few ms a token, as a server generates: a client that goes away is seen at a write
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                    time.sleep(0.005)
+                except (BrokenPipeError, ConnectionResetError):
+                    Handler.disconnects += 1
+                    self.close_connection = True
+                    return
             self.wfile.write(b"data: [DONE]\n\n")
             self.close_connection = True
             return

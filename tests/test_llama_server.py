@@ -400,3 +400,30 @@ def test_a_bad_slots_option_is_one_clear_error(bad):
     with pytest.raises(ValueError, match=r"slots=.*expected a whole number of parallel requests >= 1"):
         slots_option(bad)
     assert slots_option("4") == 4 and slots_option(1) == 1
+
+
+def test_an_abandoned_stream_drops_its_connection_and_the_server_sees_the_client_go(standin_backend):
+    """STREAM-DISCONNECT's client, through the adapter: closing the stream part-way closes the HTTP
+    connection in the reading thread (drive_chunks closes its source), and the server's next write fails."""
+    import json
+    import time
+    import urllib.request
+
+    from mtpcheck.machinery.harness import Guarded
+
+    b = standin_backend
+    req = _spec_req(_prompts(b, 1)[0], n=200, temperature=1.0, seed=3)
+    key = next(k for k in b.clients if k.startswith("spec"))
+
+    def gone():
+        with urllib.request.urlopen(b.clients[key].url + "/health", timeout=10) as r:
+            return json.loads(r.read())["disconnects"]
+
+    before = gone()
+    chunks, ended = Guarded(b, timeout=60).abandon_stream(req, after=2)
+    assert len(chunks) == 2 and not ended
+    deadline = time.monotonic() + 10
+    while gone() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone() == before + 1
+    assert len(b.generate(_spec_req(_prompts(b, 1)[0], n=8)).tokens) == 8  # still serving

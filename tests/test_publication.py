@@ -72,3 +72,98 @@ def test_drive_chunks_chunks_a_library_token_stream():
     assert [c.tokens for c in chunks] == [[3], [4], [7]] and chunks[-1].finish_reason == "stop"
     short = [StreamChunk(**c) for c in drive_chunks(iter([5]), req, [7], None)]
     assert [c.tokens for c in short] == [[5], []] and short[-1].finish_reason == "length"
+
+
+# -- STREAM-DISCONNECT: a client that goes away mid-stream ------------------------------------
+
+
+def _probes(backend, kind):
+    from mtpcheck.fixture import fixture_prompts
+    from mtpcheck.machinery.disconnect import disconnect_probes, run_probe
+    from mtpcheck.machinery.harness import Guarded
+
+    guarded, caps = Guarded(backend), backend.capabilities()
+    pairs = disconnect_probes(caps, list(fixture_prompts(backend).values())[:2], 1234, kind)
+    return [run_probe(guarded, caps, r, a) for r, a in pairs]
+
+
+def test_reference_is_unchanged_by_a_client_going_away(toy):
+    for kind in ("greedy", "seeded"):
+        probes = _probes(toy, kind)
+        assert all(p.abandoned and not p.unsteady for p in probes)  # judged, not skipped
+        assert [x for p in probes for x in p.problems] == []
+
+
+@pytest.mark.parametrize(("mutant", "kind", "says"), [
+    ("abandoned-sampler-reused", "seeded", "after a client went away, position"),
+    ("abandoned-rounds-counted", "greedy", "statistics after a client went away"),
+])
+def test_a_slot_left_dirty_by_a_client_going_away_is_caught(mutant, kind, says):
+    from mtpcheck.mutants import load_mutant
+
+    problems = [x for p in _probes(load_mutant(mutant), kind) for x in p.problems]
+    assert any(says in x for x in problems), problems
+
+
+def test_a_sampler_reused_after_a_disconnect_spares_greedy_and_complete_streams():
+    """The mutant's bug is the disconnect's alone: greedy probes and requests after complete streams are exact."""
+    from mtpcheck.mutants import load_mutant
+
+    assert [x for p in _probes(load_mutant("abandoned-sampler-reused"), "greedy") for x in p.problems] == []
+    backend = load_mutant("abandoned-sampler-reused")
+    req = _req(seed=4, temperature=1.0)
+    first = backend.generate(req).tokens
+    list(backend.generate_stream(_req(seed=5, temperature=1.0)))
+    assert backend.generate(req).tokens == first
+
+
+def test_abandon_stream_closes_the_generator_in_the_reading_thread_and_names_failures():
+    import threading
+    import time
+
+    from mtpcheck.machinery.harness import BackendGarbage, BackendTimeout, Guarded
+
+    class Streams:
+        def __init__(self, mode):
+            self.mode, self.closed_in = mode, None
+
+        def capabilities(self):
+            from mtpcheck.contracts import Capabilities
+
+            return Capabilities(name="s", version="0", vocab_size=16, max_depth=1, streaming=True)
+
+        def generate_stream(self, req):
+            try:
+                for i in range(100):
+                    if self.mode == "hang" and i == 1:
+                        time.sleep(30)
+                    yield {"tokens": [99] if self.mode == "garbage" else [i % 16]}
+            finally:
+                self.closed_in = threading.current_thread().name
+
+    b = Streams("ok")
+    chunks, ended = Guarded(b, timeout=10).abandon_stream(_req(), after=3)
+    assert [c.tokens for c in chunks] == [[0], [1], [2]] and not ended
+    assert b.closed_in.startswith("mtpcheck:")  # closed where it was read, not left to the garbage collector
+    with pytest.raises(BackendTimeout):
+        Guarded(Streams("hang"), timeout=0.5).abandon_stream(_req(), after=3)
+    with pytest.raises(BackendGarbage, match="outside the vocabulary"):
+        Guarded(Streams("garbage"), timeout=10).abandon_stream(_req(), after=3)
+
+
+def test_drive_chunks_closes_its_source_when_the_caller_goes_away():
+    from mtpcheck.backends._library import drive_chunks
+
+    closed = []
+
+    def source():
+        try:
+            yield from range(1, 50)
+        finally:
+            closed.append(True)
+
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=40, stop_token_ids=[])
+    gen = drive_chunks(source(), req, [], None)
+    next(gen), next(gen)
+    gen.close()
+    assert closed == [True]

@@ -199,13 +199,18 @@ def drive_chunks(stream, req: GenerationRequest, eos: list[int], decode, round_e
                 "finish_reason": out.finish_reason}
 
     last = None
-    for last in stream:
-        tok = last[0] if isinstance(last, tuple) else last
-        commit_tokens(out, matcher, [int(tok)], [None], req.max_tokens)
-        if out.finish_reason is not None:
-            break
-        if len(out.events) > sent:
-            yield chunk()
+    try:
+        for last in stream:
+            tok = last[0] if isinstance(last, tuple) else last
+            commit_tokens(out, matcher, [int(tok)], [None], req.max_tokens)
+            if out.finish_reason is not None:
+                break
+            if len(out.events) > sent:
+                yield chunk()
+    except GeneratorExit:  # the caller went away: close the source now (an HTTP stream drops its connection)
+        if hasattr(stream, "close"):
+            stream.close()
+        raise
     if out.finish_reason is None:  # the library stopped before the budget: publish what is held back
         text = matcher.text_of(out.tokens)
         if len(text) > len(out.text_published) and text.startswith(out.text_published):

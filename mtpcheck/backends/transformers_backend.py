@@ -92,6 +92,7 @@ MAX_DEPTH = 8
 EXTRA = "transformers"
 CONFIGS = ("assistant", "prompt_lookup")
 UNSUPPORTED = ["presence_penalty", "frequency_penalty"]
+CANCEL_WAIT_S = 120.0  # a closed stream waits this long for its generation to stop (one round, normally)
 
 
 def fixture_dir() -> Path:
@@ -120,6 +121,10 @@ def generate_kwargs(sp: SamplingParams) -> dict[str, Any]:
     if sp.logit_bias:
         kw["sequence_bias"] = {(int(t),): float(b) for t, b in sp.logit_bias.items()}
     return kw
+
+
+class ClientGone(Exception):
+    """Raised into the library's generate() from the streamer when the stream's caller has gone away."""
 
 
 class Recorder:
@@ -363,25 +368,42 @@ class TransformersBackend(LibraryBackend):
         (text held back while it could still grow into a stop string); tokens
         the library emits after a stop (T2) are carried as it emits them; the
         last chunk carries what text is left and the finish reason of the
-        result generate() returns."""
+        result generate() returns. A caller that closes the stream part-way
+        stops the generation at its next round and waits for it, as a server
+        aborts a request whose client went away (STREAM-DISCONNECT)."""
         import queue
         import threading
 
-        from mtpcheck.contracts import TextEvent, TokenEvent
-        from mtpcheck.engine.events import OutputState, StopMatcher, commit_tokens
-
         rounds: queue.Queue = queue.Queue()
         box: dict[str, Any] = {}
+        gone = threading.Event()  # the caller closed the stream (a client that went away)
+
+        def on_round(tokens):
+            if gone.is_set():  # the streamer has no cancel: an exception from its put ends generate()
+                raise ClientGone("the stream's caller went away")
+            rounds.put(tokens)
 
         def work():
             try:
-                box["result"] = self.generate(request, on_round=rounds.put)
+                box["result"] = self.generate(request, on_round=on_round)
             except BaseException as exc:  # re-raised in the caller's thread
                 box["error"] = exc
             finally:
                 rounds.put(None)
 
-        threading.Thread(target=work, daemon=True, name="mtpcheck-transformers-stream").start()
+        worker = threading.Thread(target=work, daemon=True, name="mtpcheck-transformers-stream")
+        worker.start()
+        try:
+            yield from self._chunks(request, rounds, box)
+        except GeneratorExit:  # stop the generation at its next round, before the next request starts
+            gone.set()
+            worker.join(CANCEL_WAIT_S)
+            raise
+
+    def _chunks(self, request: GenerationRequest, rounds, box: dict):
+        from mtpcheck.contracts import TextEvent, TokenEvent
+        from mtpcheck.engine.events import OutputState, StopMatcher, commit_tokens
+
         eos = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
         out = OutputState(prompt_len=len(request.prompt_tokens))
         matcher = StopMatcher(self.decode, request.stop, eos)

@@ -195,10 +195,42 @@ class Guarded:
     def generate_stream(self, req: GenerationRequest) -> list[StreamChunk]:
         """The whole stream of generate_stream(req), chunks in arrival order
         (consumed under one timeout), each validated."""
+        self._streams(req)
+        chunks = self._chunks(self._consume(req, lambda r: list(self.backend.generate_stream(r))))
+        if not chunks:
+            raise BackendGarbage("generate_stream() yielded no chunk")
+        return chunks
+
+    def abandon_stream(self, req: GenerationRequest, after: int) -> tuple[list[StreamChunk], bool]:
+        """A client that goes away: the first `after` chunks of generate_stream(req),
+        then the generator closed (an HTTP adapter drops the connection), in the
+        thread that read them. Returns the chunks read and whether the stream had
+        ended (a finish reason) before it was abandoned."""
+        self._streams(req)
+
+        def take(r):
+            gen, got = self.backend.generate_stream(r), []
+            try:
+                for c in gen:
+                    got.append(c)
+                    if len(got) >= after:
+                        break
+            finally:
+                if hasattr(gen, "close"):
+                    gen.close()
+            return got
+
+        chunks = self._chunks(self._consume(req, take))
+        if not chunks:
+            raise BackendGarbage("generate_stream() yielded no chunk")
+        return chunks, any(c.finish_reason is not None for c in chunks)
+
+    def _streams(self, req: GenerationRequest) -> None:
         if getattr(self.backend, "generate_stream", None) is None:
             raise BackendGarbage(f"backend {type(self.backend).__name__} declares streaming but has no generate_stream()")
         self._constraint_declared(req)
-        raw = self._consume(req)
+
+    def _chunks(self, raw: list) -> list[StreamChunk]:
         chunks = []
         V = self.capabilities().vocab_size
         for i, c in enumerate(raw):
@@ -210,14 +242,11 @@ class Guarded:
             if bad:
                 raise BackendGarbage(f"generate_stream() chunk {i} holds token ids outside the vocabulary: {bad[:5]}")
             chunks.append(chunk)
-        if not chunks:
-            raise BackendGarbage("generate_stream() yielded no chunk")
         return chunks
 
-    def _consume(self, req: GenerationRequest) -> list:
+    def _consume(self, req: GenerationRequest, read) -> list:
         try:
-            return call_with_timeout(lambda r: list(self.backend.generate_stream(r)), req, timeout=self.timeout,
-                                     what="generate_stream()")
+            return call_with_timeout(read, req, timeout=self.timeout, what="generate_stream()")
         except (BackendTimeout, NotImplementedError):
             raise
         except Exception as exc:

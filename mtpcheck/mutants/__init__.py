@@ -171,6 +171,12 @@ ZOO: list[Mutant] = [
            ("EVENTS-COMMIT-ONLY", "TRACE-ROLLBACK"), _zoo("events_at_draft_time")),
     Mutant("stream-publishes-proposals", "B09", "the stream shows proposals when drafted; generate() is right",
            ("STREAM-COMMIT-ONLY",), _zoo("stream_publishes_proposals"), scope="backend"),
+    Mutant("abandoned-sampler-reused", "B12", "after a client goes away mid-stream, the next sampled request draws "
+           "from the abandoned request's seed", ("STREAM-DISCONNECT",), _zoo("abandoned_sampler_reused"),
+           scope="backend"),
+    Mutant("abandoned-rounds-counted", "B11", "after a client goes away mid-stream, the next request's report "
+           "includes the abandoned request's rounds", ("STREAM-DISCONNECT",), _zoo("abandoned_rounds_counted"),
+           scope="backend"),
     Mutant("stop-checked-per-block", "B10", "EOS and stop strings checked on the last token of a block only",
            ("STOP-IN-BLOCK",), _zoo("stop_checked_per_block"), TWIN),
     Mutant("budget-before-stop", "B10", "a stop token that is also the last allowed token ends a round as 'length'",

@@ -420,6 +420,7 @@ def mutants_main(args) -> int:
                    black_box=args.black_box, server=args.server)
     meta = {"profile": args.profile, "seed": args.seed, "base": args.base, "clause_mode": args.clauses,
             "select": select, "jobs": args.jobs, "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0}
+    elapsed = meta["wall_s"]  # this run's (a partial rerun's meta keeps the full run's)
     column = "server" if args.server else "black-box" if args.black_box else "white-box"
     columns = load_columns(args.columns)
     if args.columns != "-":  # keep this column for the next run of the other one
@@ -446,10 +447,10 @@ def mutants_main(args) -> int:
         bad = [r.name for r in runs if r.black_box_verdict not in ("killed", "output-invisible")]
         print(f"{sum(r.black_box_verdict == 'killed' for r in runs)} of {len(runs)} mutants killed {column}, "
               f"{sum(r.black_box_verdict == 'output-invisible' for r in runs)} output-invisible, in "
-              f"{meta['wall_s']:.0f} s" + (f"; not: {', '.join(bad)}" if bad else ""))
+              f"{elapsed:.0f} s" + (f"; not: {', '.join(bad)}" if bad else ""))
         return 1 if bad else 0
     bad = [r.name for r in runs if r.verdict != "killed"]
-    print(f"{len(runs) - len(bad)} of {len(runs)} mutants killed as declared in {meta['wall_s']:.0f} s"
+    print(f"{len(runs) - len(bad)} of {len(runs)} mutants killed as declared in {elapsed:.0f} s"
           + (f"; not: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
 

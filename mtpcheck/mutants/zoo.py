@@ -705,6 +705,61 @@ def stream_publishes_proposals(backend):
     backend.generate_stream = generate_stream
 
 
+def _on_abandon(backend, left_behind):
+    """generate_stream as the reference's, but a stream its caller closes
+    part-way (a client gone away) calls left_behind(request, state)."""
+    from mtpcheck.engine.events import stream_chunks
+
+    engine = backend.engine
+
+    def generate_stream(request):
+        st = engine.start(request, constraint=backend.output_constraint(request))
+        try:
+            yield from stream_chunks(st, lambda: engine.step(st))
+        except GeneratorExit:
+            left_behind(request, st)
+            raise
+
+    backend.generate_stream = generate_stream
+
+
+def abandoned_sampler_reused(backend):
+    """A slot whose client went away keeps its sampler: the next sampled
+    request draws from the abandoned request's seed, not its own. Requests
+    streamed or served to the end are exact."""
+    left: list = []
+    generate = backend.generate
+    _on_abandon(backend, lambda request, st: left.append(request.sampling.seed))
+
+    def generate_reusing(request):
+        sp = request.sampling
+        if left and sp.temperature > 0 and sp.seed is not None:
+            request = request.model_copy(update={"sampling": sp.model_copy(update={"seed": left.pop()})})
+        return generate(request)
+
+    backend.generate = generate_reusing
+
+
+def abandoned_rounds_counted(backend):
+    """A slot whose client went away is not reset: its rounds stay in the
+    slot's counters and the next request's report includes them."""
+    left: list = []
+    generate = backend.generate
+    _on_abandon(backend, lambda request, st: left.append(backend.engine.report(st)))
+
+    def generate_counting(request):
+        res = generate(request)
+        if not left or not res.speculation.used:
+            return res
+        s, old = res.speculation, left.pop()
+        acc, dr = old.accept_lens + s.accept_lens, old.draft_lens + s.draft_lens
+        return res.model_copy(update={"speculation": s.model_copy(update={
+            "rounds": len(acc), "accept_lens": acc, "draft_lens": dr, "accepted": sum(acc), "drafted": sum(dr),
+            "acceptance_rate": sum(acc) / sum(dr) if sum(dr) else None})})
+
+    backend.generate = generate_counting
+
+
 # -- B13 lossy acceptance knobs ---------------------------------------------------------------
 
 
