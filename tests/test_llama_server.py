@@ -427,3 +427,29 @@ def test_an_abandoned_stream_drops_its_connection_and_the_server_sees_the_client
         time.sleep(0.05)
     assert gone() == before + 1
     assert len(b.generate(_spec_req(_prompts(b, 1)[0], n=8)).tokens) == 8  # still serving
+
+
+def test_a_choice_becomes_a_gbnf_grammar_with_escaped_literals():
+    from mtpcheck.backends.httpserver import gbnf_choice
+
+    assert gbnf_choice(["name", "city"]) == 'root ::= "name" | "city"'
+    assert gbnf_choice(['a"b', "x\\y", "new\nline", "[z]", "é\x01"]) == \
+        'root ::= "a\\"b" | "x\\\\y" | "new\\nline" | "[z]" | "é\\x01"'
+
+
+def test_a_constrained_request_goes_out_with_its_grammar_and_other_stops_are_refused(standin_backend, monkeypatch):
+    from mtpcheck.backends.httpserver import Client
+    from mtpcheck.contracts import OutputConstraint
+
+    b, sent = standin_backend, []
+    post, stream = Client.post, Client.stream
+    monkeypatch.setattr(Client, "post", lambda self, path, body: sent.append(body) or post(self, path, body))
+    monkeypatch.setattr(Client, "stream", lambda self, path, body: sent.append(body) or stream(self, path, body))
+    req = _with(_spec_req(_prompts(b, 1)[0], n=8), stop_token_ids=None,
+                constraint=OutputConstraint(choice=["ab", "cd"]).model_dump())
+    assert b.capabilities().request_constraints
+    b.generate(req)
+    list(b.generate_stream(req))
+    assert sent and all(x.get("grammar") == 'root ::= "ab" | "cd"' for x in sent)
+    with pytest.raises(ValueError, match="end-of-generation"):
+        b.generate(_with(req, stop_token_ids=[7]))

@@ -364,6 +364,34 @@ def constraint_fields(request) -> dict:
     return {"structured_outputs": {"choice": list(request.constraint.choice)}} if request.constraint else {}
 
 
+GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def gbnf_choice(choice: list[str]) -> str:
+    """A choice of strings as a llama.cpp grammar: ``root ::= "a" | "b"``
+    (GBNF string literals: backslash escapes, other control characters as
+    \\xNN, the rest as UTF-8). The grammar, once complete, lets only the
+    model's end-of-generation tokens through."""
+    def literal(text: str) -> str:
+        return '"' + "".join(GBNF_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 else c) for c in text) + '"'
+
+    return "root ::= " + " | ".join(literal(c) for c in choice)
+
+
+def grammar_fields(request, eos_ids: list[int]) -> dict:
+    """GenerationRequest.constraint as llama.cpp's `grammar`. llama.cpp ends a
+    complete grammar at its end-of-generation tokens only, so a constrained
+    request must stop at the EOS ids (an adapter resuming after EOS would
+    restart the grammar): other stops are refused, never dropped."""
+    if request.constraint is None:
+        return {}
+    stops = eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+    if set(stops) != set(eos_ids):
+        raise ValueError(f"constraint with stop_token_ids {stops}: llama.cpp's grammar ends at the model's "
+                         f"end-of-generation tokens {eos_ids} only")
+    return {"grammar": gbnf_choice(list(request.constraint.choice))}
+
+
 def vllm_stop_fields(stop_token_ids: list[int] | None, eos_ids: list[int]) -> dict:
     """A request's stops as vLLM's own fields: None = the model's EOS (vLLM's
     default), else exactly these ids (``ignore_eos`` and ``stop_token_ids``)."""

@@ -75,6 +75,7 @@ from mtpcheck.backends.httpserver import (
     Client,
     ServerError,
     ServerProcess,
+    grammar_fields,
     plain_path_laws,
     serve_together,
     slots_option,
@@ -348,6 +349,7 @@ class LlamaServerBackend:
             generate_batch=True,
             concurrent=self.slots > 1,
             streaming=True,  # the server's own SSE stream (generate_stream)
+            request_constraints=self.tokenizer is not None,  # a choice as the request's `grammar` (GBNF)
             traces=False,
             text=self.tokenizer is not None,
             notes=(f"{self.model.name}, {drafter}, default depth {self.depth}, --spec-draft-sampling "
@@ -393,11 +395,13 @@ class LlamaServerBackend:
         sp = request.sampling
         last: dict = {}
 
+        grammar = grammar_fields(request, self.eos_ids)
+
         def tokens():
             sent, segment = [], 0
             while len(sent) < request.max_tokens:
-                body = self._body(list(request.prompt_tokens) + sent, request.max_tokens - len(sent), sp,
-                                  (seed + 7919 * segment) % SEED_MOD)
+                body = {**self._body(list(request.prompt_tokens) + sent, request.max_tokens - len(sent), sp,
+                                     (seed + 7919 * segment) % SEED_MOD), **grammar}
                 got = []
                 for chunk in client.stream("/completion", {**body, "stream": True}):
                     last.update(chunk)
@@ -446,9 +450,10 @@ class LlamaServerBackend:
         rounds: list[Round] = []
         segment = 0
         self.last_elapsed_s = 0.0  # the server's own time for this request (mtpcheck bench reads it)
+        grammar = grammar_fields(request, self.eos_ids)
         while len(tokens) < request.max_tokens:
-            body = self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
-                              (seed + 7919 * segment) % SEED_MOD)
+            body = {**self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
+                                 (seed + 7919 * segment) % SEED_MOD), **grammar}
             asked = {"n_probs": 1, "post_sampling_probs": True} if request.logprobs else {}
             out = client.post("/completion", {**body, **asked})
             got = [int(t) for t in out.get("tokens") or []]

@@ -51,6 +51,7 @@ from mtpcheck.backends.httpserver import (
     Client,
     ServerError,
     constraint_fields,
+    grammar_fields,
     kept_rounds,
     plain_path_laws,
     serve_together,
@@ -149,8 +150,8 @@ class OpenAIHttpBackend:
             generate_batch=True,
             concurrent=self.slots > 1,
             text=self.tokenizer is not None,
-            # vLLM's structured_outputs.choice (as the vllm backend, measured there); a llama.cpp grammar is not wired
-            request_constraints=self.dialect == "vllm" and self.tokenizer is not None,
+            # vLLM's structured_outputs.choice (as the vllm backend), llama.cpp's `grammar` (GBNF, as llama-server)
+            request_constraints=self.dialect in ("vllm", "llama.cpp") and self.tokenizer is not None,
             notes=(f"speculative endpoint {self.spec.url} (depth {self.depth}), plain endpoint {self.plain.url}; "
                    f"ground truth from the top {self.top_logprobs} log-probabilities; generate_batch: {self.slots} "
                    "concurrent connections"),
@@ -235,6 +236,8 @@ class OpenAIHttpBackend:
             if self.dialect == "vllm":  # vLLM's own stops: no resume after EOS
                 body.update(vllm_stop_fields(request.stop_token_ids, self.eos_ids))
                 body.update(constraint_fields(request))
+            elif self.dialect == "llama.cpp":
+                body.update(grammar_fields(request, self.eos_ids))
             out = client.post("/v1/completions", {**body, **(self._logprobs_fields() if request.logprobs else {})})
             got = self._tokens(out)
             if request.logprobs:
