@@ -14,6 +14,7 @@ import warnings
 import pytest
 
 from mtpcheck.machinery.report import (
+    CAPABILITIES_PROPERTY,
     CLAUSE_PROPERTY,
     EVIDENCE_PROPERTY,
     XFAIL_SECTION,
@@ -27,6 +28,7 @@ STASH_BACKEND = pytest.StashKey[object]()
 STASH_XFAIL_LINE = pytest.StashKey[str]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
+STASH_CAPS_SENT = pytest.StashKey[bool]()
 # loading a real checkpoint takes minutes where one call takes seconds: the
 # factory gets its own, longer limit (a hang is still named, not waited on)
 LOAD_TIMEOUT = 600.0
@@ -259,6 +261,10 @@ def pytest_runtest_setup(item):
     from mtpcheck.machinery.checks import missing_capabilities, skip_reason
 
     backend = _backend(item.config)
+    if _is_worker(item.config) and not item.config.stash.get(STASH_CAPS_SENT, False):
+        # with the first report, not only at the end: an interrupted worker's end never reaches the controller
+        item.config.stash[STASH_CAPS_SENT] = True
+        item.user_properties.append((CAPABILITIES_PROPERTY, json.dumps(item.config.stash[STASH_RECORDER].capabilities)))
     clauses = load_catalogue().by_id()
     needed = [c for i in ids if i in clauses for c in clauses[i].requires]
     needed += [c for m in item.iter_markers("requires") for c in m.args]

@@ -102,3 +102,17 @@ def test_numpy_evidence_becomes_plain_json():
                       "bad": float("nan")})
     assert plain == {"p": 0.5, "n": 3, "a": [0, 1], "t": [1, 2.5], "bad": "nan"}
     assert type(plain["p"]) is float and type(plain["n"]) is int
+
+
+def test_a_workers_capabilities_arrive_with_its_first_report_and_the_header_says_when_none_did(recorder):
+    """Under xdist an interrupted worker never sends its session-end output: the backend's
+    declaration rides on the first test report, and a header without one says so."""
+    import json
+
+    assert "not known" in recorder.header_lines()[1]
+    rep = report("t::a", "setup", "passed")
+    rep.user_properties.append(("mtp_capabilities", json.dumps({"version": "x 1.0", "mtp_kinds": ["embedded"],
+                                                                "max_depth": 3, "streaming": True})))
+    recorder.pytest_runtest_logreport(rep)
+    assert recorder.capabilities["version"] == "x 1.0"
+    assert "(x 1.0)" in recorder.header_lines()[0] and "streaming" in recorder.header_lines()[1]

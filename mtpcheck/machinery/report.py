@@ -34,6 +34,7 @@ from mtpcheck.contracts.report import (  # noqa: F401 - the models live in the c
 OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 # the user_properties keys a suite test carries; plain strings, so JUnit XML shows them as they are
 CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
+CAPABILITIES_PROPERTY = "mtp_capabilities"  # an xdist worker's backend declaration, on its first report
 
 
 def to_plain(value: Any) -> Any:
@@ -256,6 +257,9 @@ class RunRecorder:
             self.reasons.append("crashed")
 
     def pytest_runtest_logreport(self, report):
+        if not self.capabilities:
+            self.capabilities = next((json.loads(v) for k, v in report.user_properties if k == CAPABILITIES_PROPERTY),
+                                     None)
         clauses = [v for k, v in report.user_properties if k == CLAUSE_PROPERTY]
         evidence = [json.loads(v) for k, v in report.user_properties if k == EVIDENCE_PROPERTY]
         if not clauses and not evidence and report.nodeid not in self.collected and report.nodeid not in self.crashed:
@@ -381,8 +385,11 @@ class RunRecorder:
     def header_lines(self) -> list[str]:
         caps = self.capabilities or {}
         flags = [k for k, v in caps.items() if v is True]
+        head = f"mtpcheck: backend {self.backend} ({caps.get('version', '?')}), profile {self.profile}, base seed {self.seed}"
+        if not caps:  # e.g. interrupted under xdist before a worker loaded the backend and said what it declares
+            return [head, "mtpcheck: capabilities: not known (the backend's declaration never reached this report)"]
         return [
-            f"mtpcheck: backend {self.backend} ({caps.get('version', '?')}), profile {self.profile}, base seed {self.seed}",
+            head,
             f"mtpcheck: capabilities: drafters {caps.get('mtp_kinds')}, max depth {caps.get('max_depth')}, "
             f"acceptance {caps.get('acceptance_rule')}, vocab {caps.get('vocab_size')}; {', '.join(flags)}",
         ]
