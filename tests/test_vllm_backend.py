@@ -251,3 +251,63 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return "zombie"
+
+
+def _oai_vllm():
+    from mtpcheck.backends.openai_http import load_openai_http
+
+    return load_openai_http(url="http://127.0.0.1:9", plain_url="http://127.0.0.1:8", dialect="vllm",
+                            vocab_size="512", depth="3")
+
+
+def test_openai_http_streams_the_servers_sse_and_closes_it_when_the_caller_goes_away():
+    """generate_stream (vllm dialect): each SSE chunk's token_ids through the stop matcher; a caller
+    that closes the stream part-way closes the server's event stream (the connection), at once."""
+    from mtpcheck.contracts import StreamChunk
+
+    b, closed, sent = _oai_vllm(), [], []
+
+    def stream(path, body):
+        sent.append(body)
+
+        def events():
+            try:
+                for i in range(6):
+                    yield {"choices": [{"token_ids": [10 + i], "finish_reason": "length" if i == 5 else None}]}
+            finally:
+                closed.append(True)
+        return events()
+
+    b.spec.stream = stream
+    req = GenerationRequest(prompt_tokens=[1, 2], max_tokens=6, speculation=True, stop_token_ids=[])
+    chunks = [StreamChunk(**c) for c in b.generate_stream(req)]
+    assert [t for c in chunks for t in c.tokens] == [10, 11, 12, 13, 14, 15] and chunks[-1].finish_reason == "length"
+    assert sent[0]["stream"] is True and sent[0]["ignore_eos"] is True and b.capabilities().streaming
+    gen = b.generate_stream(req)
+    next(gen), next(gen)
+    gen.close()
+    assert closed == [True, True]
+
+
+def test_openai_http_asks_vllm_again_without_logprobs_when_they_cannot_be_written():
+    """V10 through openai-http: HTTP 400 'Out of range float values' for a -inf logprob; the tokens are
+    asked again without logprobs and reported as NaN (LOGPROBS names them), never lost."""
+    import math
+
+    b, sent = _oai_vllm(), []
+
+    def post(path, body):
+        sent.append(body)
+        if "logprobs" in body:
+            raise ServerError("POST x: HTTP 400: {'message': 'Out of range float values are not JSON compliant'}")
+        return {"choices": [{"token_ids": [5, 6], "finish_reason": "length"}], "usage": {"completion_tokens": 2},
+                **_resp([3], [0])}
+
+    b.spec.post = post
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=2, speculation=True, stop_token_ids=[], logprobs=True,
+                            sampling=SamplingParams(temperature=1.0, seed=3))
+    res = b.generate(req)
+    assert res.tokens == [5, 6] and all(math.isnan(x) for x in res.logprobs) and len(sent) == 2
+    b.spec.post = lambda path, body: (_ for _ in ()).throw(ServerError("HTTP 400: another refusal"))
+    with pytest.raises(ServerError, match="another refusal"):
+        b.generate(req)

@@ -32,6 +32,8 @@ from mtpcheck.backends import _watchdog
 from mtpcheck.backends._watchdog import descendants
 from mtpcheck.contracts import MtpCheckError
 
+UNSERIALIZABLE = "Out of range float values are not JSON compliant"  # vLLM's deviation V10 (docs/backends/vllm.md)
+
 
 class ServerError(MtpCheckError):
     """A server could not be started, or answered an error."""

@@ -48,6 +48,7 @@ import random
 import numpy as np
 
 from mtpcheck.backends.httpserver import (
+    UNSERIALIZABLE,
     Client,
     ServerError,
     constraint_fields,
@@ -149,6 +150,7 @@ class OpenAIHttpBackend:
             logprobs=True,  # the OpenAI field `logprobs`, read back per token (NaN where the server gives none)
             generate_batch=True,
             concurrent=self.slots > 1,
+            streaming=self.dialect in ("vllm", "llama.cpp"),  # the server's own SSE stream (generate_stream)
             text=self.tokenizer is not None,
             # vLLM's structured_outputs.choice (as the vllm backend), llama.cpp's `grammar` (GBNF, as llama-server)
             request_constraints=self.dialect in ("vllm", "llama.cpp") and self.tokenizer is not None,
@@ -197,15 +199,10 @@ class OpenAIHttpBackend:
             raise ServerError(f"usage.completion_tokens={n} but {len(toks)} token ids returned")
         return [int(t) for t in toks]
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        from mtpcheck.backends._library import (
-            check_request,
-            drive,
-            plan_speculation,
-            report,
-            result_of,
-        )
-        from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
+    def _start(self, request: GenerationRequest):
+        """What generate() and generate_stream() begin with: the request checked
+        and planned, its seed, the endpoint that serves it, its stops."""
+        from mtpcheck.backends._library import check_request, plan_speculation
 
         check_request(request, self.vocab_size)
         spec, used, depth, reason, message = plan_speculation(request, self.default, self.kind, self.spec.url,
@@ -224,24 +221,84 @@ class OpenAIHttpBackend:
                 raise SpeculationUnavailableError(reason, message)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        client = self.spec if used else self.plain
         stops = self.eos_ids if request.stop_token_ids is None else list(request.stop_token_ids)
+        return spec, used, depth, reason, message, seed, self.spec if used else self.plain, stops
+
+    def _segment_body(self, request: GenerationRequest, sent: list[int], segment: int, seed: int) -> dict:
+        """The body of one segment (llama.cpp: resumed after an EOS the request does not stop at)."""
+        body = self._body(list(request.prompt_tokens) + sent, request.max_tokens - len(sent), request.sampling,
+                          (seed + 7919 * segment) % SEED_MOD)
+        if self.dialect == "vllm":  # vLLM's own stops: no resume after EOS
+            body.update(vllm_stop_fields(request.stop_token_ids, self.eos_ids))
+            body.update(constraint_fields(request))
+        elif self.dialect == "llama.cpp":
+            body.update(grammar_fields(request, self.eos_ids))
+        return body
+
+    def _resumes(self, finish: str | None, got: list[int], stops: list[int], emitted: int, max_tokens: int) -> bool:
+        """The server stopped at its EOS, the request does not stop there and has budget left."""
+        eos_stop = finish == "stop" and bool(got) and got[-1] in self.eos_ids
+        return eos_stop and got[-1] not in stops and emitted < max_tokens
+
+    def generate_stream(self, request: GenerationRequest):
+        """Capability `streaming` (vllm and llama.cpp dialects): the server's own
+        SSE stream of ``/v1/completions``, each chunk's token ids (vLLM
+        ``token_ids``, llama.cpp ``__verbose.tokens``) put through the stop
+        matcher as they arrive; resumed after an EOS the request does not stop
+        at, as generate() resumes. What the stream leaves out or repeats
+        reaches STREAM-COMMIT-ONLY as it is."""
+        from mtpcheck.backends._library import drive_chunks
+
+        _, _, _, _, _, seed, client, stops = self._start(request)
+
+        def tokens():
+            sent, segment = [], 0
+            while len(sent) < request.max_tokens:
+                got, finish = [], None
+                events = client.stream("/v1/completions", {**self._segment_body(request, sent, segment, seed),
+                                                           "stream": True})
+                try:
+                    for chunk in events:
+                        choice = (chunk.get("choices") or [{}])[0]
+                        finish = choice.get("finish_reason") or finish
+                        ids = choice.get("token_ids")
+                        for t in ids if ids is not None else (chunk.get("__verbose") or {}).get("tokens") or []:
+                            got.append(int(t))
+                            yield int(t)
+                finally:
+                    events.close()
+                sent += got
+                segment += 1
+                if not self._resumes(finish, got, stops, len(sent), request.max_tokens):
+                    return
+
+        yield from drive_chunks(tokens(), request, stops, self.decode if self.tokenizer else (lambda t: ""))
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        from mtpcheck.backends._library import drive, report, result_of
+        from mtpcheck.backends.llama_server import Round, rounds_from_stream, trim_to
+
+        spec, used, depth, reason, message, seed, client, stops = self._start(request)
         tokens: list[int] = []
         logprobs: list[float] = []
         rounds: list = []
         segment = 0
         while len(tokens) < request.max_tokens:
-            body = self._body(list(request.prompt_tokens) + tokens, request.max_tokens - len(tokens), sp,
-                              (seed + 7919 * segment) % SEED_MOD)
-            if self.dialect == "vllm":  # vLLM's own stops: no resume after EOS
-                body.update(vllm_stop_fields(request.stop_token_ids, self.eos_ids))
-                body.update(constraint_fields(request))
-            elif self.dialect == "llama.cpp":
-                body.update(grammar_fields(request, self.eos_ids))
-            out = client.post("/v1/completions", {**body, **(self._logprobs_fields() if request.logprobs else {})})
+            body = self._segment_body(request, tokens, segment, seed)
+            asked = self._logprobs_fields() if request.logprobs else {}
+            try:
+                out = client.post("/v1/completions", {**body, **asked})
+            except ServerError as exc:
+                if not (asked and self.dialect == "vllm" and UNSERIALIZABLE in str(exc)):
+                    raise
+                # vLLM's V10 (docs/backends/vllm.md): a sampled token of processed probability 0 has logprob
+                # -inf, which the server cannot write as JSON (HTTP 400); the tokens are asked again without
+                # logprobs, reported as NaN, so LOGPROBS names the tokens instead of the suite losing the request
+                asked = {}
+                out = client.post("/v1/completions", body)
             got = self._tokens(out)
             if request.logprobs:
-                logprobs += self._sampled_logprobs(out, len(got))
+                logprobs += self._sampled_logprobs(out, len(got)) if asked else [math.nan] * len(got)
             finish = (out.get("choices") or [{}])[0].get("finish_reason")
             if used and self.dialect == "vllm":  # --per-request-spec-decode-metrics detailed
                 steps = vllm_steps(out)
@@ -255,8 +312,7 @@ class OpenAIHttpBackend:
                                                     for c in chunks), got, depth)
                 if segment:
                     seg_rounds.insert(0, Round(0, 0, 0))
-            eos_stop = finish == "stop" and bool(got) and got[-1] in self.eos_ids
-            resume = eos_stop and got[-1] not in stops and len(tokens) + len(got) < request.max_tokens
+            resume = self._resumes(finish, got, stops, len(tokens) + len(got), request.max_tokens)
             if used and self.dialect == "llama.cpp":
                 if resume:
                     trim_to(seg_rounds, len(got) - (0 if segment else 1))

