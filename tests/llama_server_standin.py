@@ -136,7 +136,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         oai = self.path.startswith("/v1/")
         slot = Slot(body, self.depth)
-        n_probs = int(body.get("n_probs", body.get("logprobs", 0)) or 0)
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -166,6 +165,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"data: [DONE]\n\n")
             self.close_connection = True
             return
+        if not oai and int(body.get("n", 1)) > 1:  # llama.cpp's children: sample j runs under seed + j (S10)
+            self._send([{**self._result({**body, "n": 1, "seed": int(body.get("seed", 0)) + j}, oai), "index": j}
+                        for j in range(int(body["n"]))])
+            return
+        self._send(self._result(body, oai))
+
+    def _result(self, body, oai):
+        slot = Slot(body, self.depth)
+        n_probs = int(body.get("n_probs", body.get("logprobs", 0)) or 0)
         toks, probs, eos = [], [], False
         for tok, p, at_eos in slot.run():
             toks.append(tok)
@@ -183,12 +191,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                    "usage": {"completion_tokens": len(toks)}, "timings": timings}
             if body.get("verbose"):
                 res["__verbose"] = {"tokens": toks, "stop_type": stop_type}
-            self._send(res)
-            return
+            return res
         res = {"tokens": toks, "stop_type": stop_type, "tokens_predicted": len(toks), "timings": timings}
         if n_probs:
             res["completion_probabilities"] = [x for t, p in complete for x in probs_json(p, t, n_probs)]
-        self._send(res)
+        return res
 
 
 def main(argv):

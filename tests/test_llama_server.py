@@ -453,3 +453,18 @@ def test_a_constrained_request_goes_out_with_its_grammar_and_other_stops_are_ref
     assert sent and all(x.get("grammar") == 'root ::= "ab" | "cd"' for x in sent)
     with pytest.raises(ValueError, match="end-of-generation"):
         b.generate(_with(req, stop_token_ids=[7]))
+
+
+def test_n_samples_come_back_in_order_and_are_what_the_server_makes_them(standin_backend):
+    """generate_n: one request with llama.cpp's `n`, results by index (the stand-in, like build 11434,
+    runs sample j under seed + j: S10, which SEED-SAMPLES-INDEPENDENT fails); n beyond the slots is refused."""
+    b = standin_backend
+    req = _spec_req(_prompts(b, 1)[0], n=12, temperature=1.0, seed=40)
+    req = _with(req, stop_token_ids=None)  # stops at EOS: no resumed segment, so solo and sample compare
+    assert b.capabilities().parallel_samples
+    samples = b.generate_n(req, 3)
+    solo = [b.generate(_with(req, sampling={**req.sampling.model_dump(), "seed": 40 + j})).tokens for j in range(3)]
+    assert [s.tokens for s in samples] == solo and len({tuple(t) for t in solo}) == 3
+    assert all(s.speculation.used and s.seed == 40 for s in samples)
+    with pytest.raises(ValueError, match="parallel slots"):
+        b.generate_n(req, b.slots + 1)

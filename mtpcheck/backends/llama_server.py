@@ -350,6 +350,7 @@ class LlamaServerBackend:
             concurrent=self.slots > 1,
             streaming=True,  # the server's own SSE stream (generate_stream)
             request_constraints=self.tokenizer is not None,  # a choice as the request's `grammar` (GBNF)
+            parallel_samples=self.slots > 1,  # llama.cpp's `n` (generate_n): at most one sample per slot
             traces=False,
             text=self.tokenizer is not None,
             notes=(f"{self.model.name}, {drafter}, default depth {self.depth}, --spec-draft-sampling "
@@ -487,6 +488,44 @@ class LlamaServerBackend:
                                       draft_lens=draft_lens).model_copy(update={"acceptance_rule": self.capabilities_rule()}),
                         seed)
         return res.model_copy(update={"logprobs": logprobs[: len(res.tokens)]}) if request.logprobs else res
+
+    def generate_n(self, request: GenerationRequest, n: int) -> list[GenerationResult]:
+        """Capability parallel_samples: one ``/completion`` with llama.cpp's
+        ``n`` (its own child seeds), results in their ``index`` order. A sample
+        the server ended at its EOS where the request does not stop is resumed
+        as generate() resumes, under a seed of its own (sample j, segment k:
+        seed + 7919 k + 104729 j). The server takes n up to its slots. The
+        rounds of n samples are not streamed:
+        each report says speculation ran and gives no rounds (as vLLM's)."""
+        from mtpcheck.backends._library import drive, report, result_of
+
+        if not 1 <= n <= self.slots:
+            raise ValueError(f"n={n}: llama-server serves 1 <= n <= its parallel slots (-np {self.slots}, option slots)")
+        spec, used, depth, reason, message, seed, client, stops = self._start(request)
+        sp, grammar = request.sampling, grammar_fields(request, self.eos_ids)
+        body = {**self._body(list(request.prompt_tokens), request.max_tokens, sp, seed), **grammar, "n": n}
+        out = client.post("/completion", body)
+        outs = sorted(out if isinstance(out, list) else [out], key=lambda o: o.get("index", 0))
+        if len(outs) != n:
+            raise ServerError(f"asked n={n}, the response has {len(outs)} results")
+        results = []
+        for j, o in enumerate(outs):
+            got = [int(t) for t in o.get("tokens") or []]
+            tokens, last, segment = list(got), o, 1
+            while self._resumes(last.get("stop_type"), got, stops, len(tokens), request.max_tokens):
+                last = client.post("/completion", {**self._body(list(request.prompt_tokens) + tokens,
+                                                                request.max_tokens - len(tokens), sp,
+                                                                (seed + 7919 * segment + 104729 * j) % SEED_MOD),
+                                                   **grammar})
+                got = [int(t) for t in last.get("tokens") or []]
+                tokens += got
+                segment += 1
+            state = drive(iter(tokens), request, stops, self.decode if self.tokenizer else (lambda t: ""))
+            rep = report(requested=spec.mode == "native_mtp", used=used, mode=spec.mode,
+                         drafter=str(self.draft or self.model), depth=depth, draft_kind=self.kind,
+                         runtime=self.runtime, reason=reason, message=message, accept_lens=[], draft_lens=[])
+            results.append(result_of(state, rep.model_copy(update={"acceptance_rule": self.capabilities_rule()}), seed))
+        return results
 
     def capabilities_rule(self) -> str:
         return "rejection" if self.draft_sampling == "probabilistic" else "exact_match"
