@@ -40,7 +40,6 @@ class ReferenceBackend:
         self.folders = folders or {}  # role -> checkpoint folder, when loaded from disk
         # longest prompt accepted: attention over an unbounded one grows without limit (23.5 GB at 100 KB)
         self.context_length = context_length
-        self._texts: list[str] | None = None  # per-token texts, for request constraints
 
     def checkpoints(self) -> dict[str, Path]:
         """The checkpoint folders this backend runs (capability checkpoint_evidence)."""
@@ -106,12 +105,11 @@ class ReferenceBackend:
         from mtpcheck.engine.constraints import TokenDFA
 
         e = self.engine
-        if e.tokenizer is None:
+        texts = e.token_texts()
+        if texts is None:
             raise ValueError("constraint: a choice of strings needs a backend with a tokenizer (text capability)")
-        if self._texts is None:
-            self._texts = [e.decode_text([i]) for i in range(e.vocab_size)]
         eos = e.eos_ids if request.stop_token_ids is None else request.stop_token_ids
-        return TokenDFA.from_strings(request.constraint.choice, self._texts, eos)
+        return TokenDFA.from_strings(request.constraint.choice, texts, eos)
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Capability `concurrent`: the requests are served together by the

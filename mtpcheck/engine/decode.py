@@ -216,6 +216,14 @@ class Engine:
     def decode_text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
+    def token_texts(self) -> list[str] | None:
+        """Each token's own text, decoded once (constraints over strings); None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        if getattr(self, "_token_texts", None) is None:
+            self._token_texts = [self.decode_text([i]) for i in range(self.vocab_size)]
+        return self._token_texts
+
     # -- generation -----------------------------------------------------------
     def generate(self, req: GenerationRequest, observer: Callable[[Snapshot], None] | None = None,
                  constraint: TokenDFA | None = None) -> GenerationResult:

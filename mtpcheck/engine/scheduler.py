@@ -65,7 +65,6 @@ class Scheduler:
         self.options = options or SchedulerOptions()
         self.jobs: dict[int, Job] = {}
         self.clock = 0
-        self._texts: list[str] | None = None
 
     # -- requests ---------------------------------------------------------------
     def submit(self, request: GenerationRequest, constraint: ConstraintSpec | TokenDFA | None = None,
@@ -156,6 +155,4 @@ class Scheduler:
     def _compile(self, spec: ConstraintSpec, req: GenerationRequest) -> TokenDFA:
         e = self.engine
         eos = list(e.eos_ids if req.stop_token_ids is None else req.stop_token_ids)
-        if spec.strings is not None and self._texts is None and e.tokenizer is not None:
-            self._texts = [e.decode_text([i]) for i in range(e.vocab_size)]
-        return compile_constraint(spec, e.vocab_size, eos, self._texts)
+        return compile_constraint(spec, e.vocab_size, eos, e.token_texts() if spec.strings is not None else None)
