@@ -468,3 +468,22 @@ def test_n_samples_come_back_in_order_and_are_what_the_server_makes_them(standin
     assert all(s.speculation.used and s.seed == 40 for s in samples)
     with pytest.raises(ValueError, match="parallel slots"):
         b.generate_n(req, b.slots + 1)
+
+
+def test_the_ngram_configuration_drives_llama_cpps_own_lookup(standin):
+    """config=ngram: --spec-type ngram-simple with m = the depth, drafter kind model_free, drafting up_to_k;
+    probabilistic drafts are refused (a lookup proposes tokens, not a law)."""
+    from mtpcheck.backends.llama_server import NGRAM_N, load_llama_server
+
+    with pytest.raises(ValueError, match="draft_sampling=greedy only"):
+        load_llama_server(config="ngram", draft_sampling="probabilistic", server=str(standin))
+    b = load_llama_server(config="ngram", depth=4, server=str(standin))
+    try:
+        args = b._args(4)
+        assert args[args.index("--spec-type") + 1] == "ngram-simple" and "--spec-draft-model" not in args
+        assert args[args.index("--spec-ngram-simple-size-m") + 1] == "4"
+        assert args[args.index("--spec-ngram-simple-size-n") + 1] == str(NGRAM_N)
+        caps = b.capabilities()
+        assert (caps.mtp_kinds, caps.drafting, caps.acceptance_rule) == (["model_free"], "up_to_k", "exact_match")
+    finally:
+        b.close()

@@ -14,7 +14,11 @@ Configurations (``config=``):
   draft model (``--spec-draft-model``), drafter kind ``assistant``;
 * ``mtp``: the Qwen3.5 target of ``fixture/real/mlx_vlm/native`` with its
   embedded MTP head as llama.cpp's ``nextn`` block (``--spec-type draft-mtp``),
-  drafter kind ``mtp``.
+  drafter kind ``mtp``;
+* ``ngram``: the llama target with llama.cpp's own n-gram lookup
+  (``--spec-type ngram-simple``: after the last occurrence of the newest
+  ``NGRAM_N`` tokens, the next ``depth`` tokens), drafter kind
+  ``model_free``, drafting ``up_to_k`` (greedy proposals, exact match).
 
 Both are converted from the shipped MLX checkpoints by
 :mod:`mtpcheck.fixture.gguf_export` (``model=``/``draft=`` take other GGUFs).
@@ -94,7 +98,8 @@ EXTRA = "llama-cpp"
 BINARY_ENV = "MTPCHECK_LLAMA_SERVER"
 MAX_DEPTH = 8
 SAMPLERS = ["penalties", "temperature", "top_k", "top_p", "min_p"]  # the contract's order
-CONFIGS = ("draft", "mtp")
+CONFIGS = ("draft", "mtp", "ngram")
+NGRAM_N = 2  # ngram-simple's lookup length (--spec-ngram-simple-size-n): short, so the fixture's text matches
 DRAFT_SAMPLING = ("greedy", "probabilistic")
 SEED_MOD = 2**32 - 1  # the server's seed is uint32 and 0xFFFFFFFF means "random"
 # float32 weights and activations, float16 KV cache: a k+1-token verification
@@ -253,7 +258,7 @@ class LlamaServerBackend:
                  tokenizer: Path | None, threads: int, ctx: int, slots: int = 4):
         self.binary, self.model, self.draft = binary, model, draft
         self.config, self.depth, self.draft_sampling = config, depth, draft_sampling
-        self.kind = "mtp" if config == "mtp" else "assistant"
+        self.kind = {"mtp": "mtp", "ngram": "model_free"}.get(config, "assistant")
         self.attached = url is not None
         self.threads, self.ctx, self.slots = threads, ctx, slots
         self._start_lock = threading.Lock()  # concurrent requests must not start a server twice
@@ -288,6 +293,9 @@ class LlamaServerBackend:
                  "--spec-draft-sampling", self.draft_sampling]
         if self.config == "mtp":
             args += ["--spec-type", "draft-mtp"]
+        elif self.config == "ngram":  # llama.cpp's own prompt lookup: the m tokens after the last match
+            args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NGRAM_N),
+                     "--spec-ngram-simple-size-m", str(depth), "--spec-ngram-simple-min-hits", "1"]
         else:
             args += ["--spec-type", "draft-simple", "--spec-draft-model", str(self.draft), "-ngld", "0"]
         return args
@@ -324,14 +332,17 @@ class LlamaServerBackend:
 
     def capabilities(self) -> Capabilities:
         rule = "rejection" if self.draft_sampling == "probabilistic" else "exact_match"
-        drafter = "embedded MTP head (nextn block, --spec-type draft-mtp)" if self.config == "mtp" else \
-            f"draft model {self.draft.name if self.draft else '?'} (--spec-draft-model)"
+        drafter = {"mtp": "embedded MTP head (nextn block, --spec-type draft-mtp)",
+                   "ngram": f"n-gram lookup (--spec-type ngram-simple, size n {NGRAM_N}, m = depth)"}.get(
+            self.config, f"draft model {self.draft.name if self.draft else '?'} (--spec-draft-model)")
         return Capabilities(
             name="llama-server",
             version=f"llama.cpp {self.version}",
             vocab_size=self.vocab_size,
             eos_token_ids=self.eos_ids,
-            mtp_kinds=["embedded" if self.config == "mtp" else "assistant"],
+            mtp_kinds=[{"mtp": "embedded", "ngram": "model_free"}.get(self.config, "assistant")],
+            # an n-gram lookup drafts only where the history repeats, and no more than the match holds
+            drafting="up_to_k" if self.config == "ngram" else "fixed",
             max_depth=self.depth if self.attached else MAX_DEPTH,
             acceptance_rule=rule,
             first_token_from_prefill=True,
@@ -598,7 +609,7 @@ def load_llama_server(
     ctx: int | str = 4096,
     slots: int | str = 4,
 ) -> LlamaServerBackend:
-    """Options (strings from --mtp-backend-option): config (draft|mtp), depth
+    """Options (strings from --mtp-backend-option): config (draft|mtp|ngram), depth
     (default 3), draft_sampling (greedy|probabilistic), speculation (on|off: the
     loaded default), server (a llama-server binary), url / plain_url (attach to
     running speculative / plain servers: nothing is started), model / draft
@@ -613,6 +624,8 @@ def load_llama_server(
         raise ValueError(f"config={config!r}: expected one of {', '.join(CONFIGS)}")
     if draft_sampling not in DRAFT_SAMPLING:
         raise ValueError(f"draft_sampling={draft_sampling!r}: expected one of {', '.join(DRAFT_SAMPLING)}")
+    if config == "ngram" and draft_sampling != "greedy":
+        raise ValueError("config=ngram: an n-gram lookup proposes tokens, not a law: draft_sampling=greedy only")
     depth = int(depth)
     if not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"depth={depth}: expected 1..{MAX_DEPTH}")
