@@ -91,7 +91,7 @@ def test_reference_is_unchanged_by_a_client_going_away(toy):
     for kind in ("greedy", "seeded"):
         probes = _probes(toy, kind)
         assert all(p.abandoned and not p.unsteady for p in probes)  # judged, not skipped
-        assert [x for p in probes for x in p.problems] == []
+        assert [x for p in probes for x in p.problems + p.changed] == []
 
 
 @pytest.mark.parametrize(("mutant", "kind", "says"), [
@@ -101,7 +101,7 @@ def test_reference_is_unchanged_by_a_client_going_away(toy):
 def test_a_slot_left_dirty_by_a_client_going_away_is_caught(mutant, kind, says):
     from mtpcheck.mutants import load_mutant
 
-    problems = [x for p in _probes(load_mutant(mutant), kind) for x in p.problems]
+    problems = [x for p in _probes(load_mutant(mutant), kind) for x in p.problems + p.changed]
     assert any(says in x for x in problems), problems
 
 
@@ -109,7 +109,7 @@ def test_a_sampler_reused_after_a_disconnect_spares_greedy_and_complete_streams(
     """The mutant's bug is the disconnect's alone: greedy probes and requests after complete streams are exact."""
     from mtpcheck.mutants import load_mutant
 
-    assert [x for p in _probes(load_mutant("abandoned-sampler-reused"), "greedy") for x in p.problems] == []
+    assert [x for p in _probes(load_mutant("abandoned-sampler-reused"), "greedy") for x in p.problems + p.changed] == []
     backend = load_mutant("abandoned-sampler-reused")
     req = _req(seed=4, temperature=1.0)
     first = backend.generate(req).tokens
@@ -167,3 +167,19 @@ def test_drive_chunks_closes_its_source_when_the_caller_goes_away():
     next(gen), next(gen)
     gen.close()
     assert closed == [True]
+
+
+def test_a_runtime_that_does_not_repeat_itself_is_not_blamed_for_a_change_after_a_disconnect():
+    """judge(): statistics and prefix problems fail on their own; a probe that changed after a disconnect
+    fails only when every probe repeated itself after identical complete streams, else the test skips."""
+    from mtpcheck.machinery.disconnect import Probe, judge
+
+    change = "seed 2: after a client went away, position 3"
+    assert judge([Probe(1), Probe(2, changed=[change])])[1].startswith("every stream ended")
+    failure, skip, ev = judge([Probe(1, abandoned=True), Probe(2, abandoned=True, changed=[change])])
+    assert change in failure and skip is None and ev["changed"] == [change]
+    failure, skip, ev = judge([Probe(1, abandoned=True, unsteady=True), Probe(2, abandoned=True, changed=[change])])
+    assert failure is None and "seeds [1]" in skip and change in skip and ev["unsteady"] == [1]
+    failure, _, _ = judge([Probe(1, abandoned=True, unsteady=True), Probe(2, abandoned=True, problems=["stats"])])
+    assert "stats" in failure
+    assert judge([Probe(1, abandoned=True)]) == (None, None, judge([Probe(1, abandoned=True)])[2])

@@ -724,17 +724,17 @@ def _on_abandon(backend, left_behind):
 
 
 def abandoned_sampler_reused(backend):
-    """A slot whose client went away keeps its sampler: the next sampled
-    request draws from the abandoned request's seed, not its own. Requests
-    streamed or served to the end are exact."""
+    """A slot whose client went away keeps its sampler: the next request
+    served there, if sampled, draws from the abandoned request's seed, not its
+    own. Requests streamed or served to the end are exact."""
     left: list = []
     generate = backend.generate
-    _on_abandon(backend, lambda request, st: left.append(request.sampling.seed))
+    _on_abandon(backend, lambda request, st: left.__setitem__(slice(None), [request.sampling.seed]))
 
     def generate_reusing(request):
-        sp = request.sampling
-        if left and sp.temperature > 0 and sp.seed is not None:
-            request = request.model_copy(update={"sampling": sp.model_copy(update={"seed": left.pop()})})
+        sp, seed = request.sampling, left.pop() if left else None
+        if seed is not None and sp.temperature > 0 and sp.seed is not None:
+            request = request.model_copy(update={"sampling": sp.model_copy(update={"seed": seed})})
         return generate(request)
 
     backend.generate = generate_reusing

@@ -8,7 +8,7 @@ import pytest
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import events_problems, stream_problems
 from mtpcheck.machinery.configs import request, spec_for
-from mtpcheck.machinery.disconnect import ABANDON_AFTER, disconnect_probes, run_probe
+from mtpcheck.machinery.disconnect import disconnect_probes, judge, run_probe
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -77,14 +77,8 @@ def test_a_client_going_away_leaves_later_requests_unchanged(mtp_backend, mtp_ca
         pytest.skip("a seeded request has no one output to compare: the backend does not declare seeded_determinism")
     probes = [run_probe(mtp_backend, mtp_capabilities, r, a)
               for r, a in disconnect_probes(mtp_capabilities, list(mtp_fixture.values()), mtp_seed, kind)]
-    judged = [p for p in probes if p.abandoned and not p.unsteady]
-    problems = [x for p in probes for x in p.problems]
-    mtp_record(probes=len(probes), abandoned=sum(p.abandoned for p in probes),
-               unsteady=[p.seed for p in probes if p.unsteady], excused=[p.evidence for p in judged if p.evidence])
-    assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
-    if not any(p.abandoned for p in probes):
-        pytest.skip(f"every stream ended within {ABANDON_AFTER} chunks: no client went away mid-stream")
-    if not judged:
-        pytest.skip(f"the probe request gave two outputs after the same complete stream (seeds "
-                    f"{[p.seed for p in probes if p.unsteady]}): there is no one output to hold the request after a "
-                    f"disconnect to (SEED-HISTORY's / SEED-DETERMINISM's to name)")
+    failure, skip, evidence = judge(probes)
+    mtp_record(**evidence)
+    assert failure is None, failure
+    if skip:
+        pytest.skip(skip)
