@@ -311,3 +311,24 @@ def test_openai_http_asks_vllm_again_without_logprobs_when_they_cannot_be_writte
     b.spec.post = lambda path, body: (_ for _ in ()).throw(ServerError("HTTP 400: another refusal"))
     with pytest.raises(ServerError, match="another refusal"):
         b.generate(req)
+
+
+def test_post_logprobs_asks_again_without_logprobs_only_for_v10():
+    from mtpcheck.backends.httpserver import post_logprobs
+
+    sent = []
+
+    def post(body):
+        sent.append(body)
+        if "logprobs" in body:
+            raise ServerError("HTTP 400: Out of range float values are not JSON compliant")
+        return {"ok": 1}
+
+    assert post_logprobs(post, {"a": 1}, {"logprobs": 0}) == ({"ok": 1}, False) and sent == [{"a": 1, "logprobs": 0},
+                                                                                             {"a": 1}]
+    assert post_logprobs(lambda b: b, {"a": 1}, {"logprobs": 0}) == ({"a": 1, "logprobs": 0}, True)
+    assert post_logprobs(lambda b: b, {"a": 1}, {}) == ({"a": 1}, False)
+    with pytest.raises(ServerError, match="Out of range"):
+        post_logprobs(post, {"a": 1}, {"logprobs": 0}, retry=False)
+    with pytest.raises(ServerError, match="Out of range"):  # nothing asked: nothing to leave out
+        post_logprobs(lambda b: post({**b, "logprobs": 0}), {"a": 1}, {})

@@ -32,7 +32,7 @@ from mtpcheck.backends import _watchdog
 from mtpcheck.backends._watchdog import descendants
 from mtpcheck.contracts import MtpCheckError
 
-UNSERIALIZABLE = "Out of range float values are not JSON compliant"  # vLLM's deviation V10 (docs/backends/vllm.md)
+UNSERIALIZABLE = "Out of range float values are not JSON compliant"  # vLLM's deviation V10 (post_logprobs)
 
 
 class ServerError(MtpCheckError):
@@ -367,6 +367,21 @@ def constraint_fields(request) -> dict:
 
 
 GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def post_logprobs(post, body: dict, logprobs: dict, retry: bool = True) -> tuple[dict, bool]:
+    """post(body + logprobs fields) -> (response, whether logprobs were asked
+    for and came back). vLLM's V10 (docs/backends/vllm.md): a sampled token of
+    processed probability 0 has logprob -inf, which the server cannot write as
+    JSON (HTTP 400); with `retry` the tokens are asked again without logprobs,
+    which the caller reports as NaN, so LOGPROBS names the tokens instead of
+    the suite losing the request."""
+    try:
+        return post({**body, **logprobs}), bool(logprobs)
+    except ServerError as exc:
+        if not (retry and logprobs and UNSERIALIZABLE in str(exc)):
+            raise
+        return post(body), False
 
 
 def gbnf_choice(choice: list[str]) -> str:

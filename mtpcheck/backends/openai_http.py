@@ -48,13 +48,13 @@ import random
 import numpy as np
 
 from mtpcheck.backends.httpserver import (
-    UNSERIALIZABLE,
     Client,
     ServerError,
     constraint_fields,
     grammar_fields,
     kept_rounds,
     plain_path_laws,
+    post_logprobs,
     serve_together,
     slots_option,
     token_logprobs,
@@ -285,20 +285,12 @@ class OpenAIHttpBackend:
         segment = 0
         while len(tokens) < request.max_tokens:
             body = self._segment_body(request, tokens, segment, seed)
-            asked = self._logprobs_fields() if request.logprobs else {}
-            try:
-                out = client.post("/v1/completions", {**body, **asked})
-            except ServerError as exc:
-                if not (asked and self.dialect == "vllm" and UNSERIALIZABLE in str(exc)):
-                    raise
-                # vLLM's V10 (docs/backends/vllm.md): a sampled token of processed probability 0 has logprob
-                # -inf, which the server cannot write as JSON (HTTP 400); the tokens are asked again without
-                # logprobs, reported as NaN, so LOGPROBS names the tokens instead of the suite losing the request
-                asked = {}
-                out = client.post("/v1/completions", body)
+            out, answered = post_logprobs(lambda b: client.post("/v1/completions", b), body,  # vLLM's V10
+                                          self._logprobs_fields() if request.logprobs else {},
+                                          retry=self.dialect == "vllm")
             got = self._tokens(out)
             if request.logprobs:
-                logprobs += self._sampled_logprobs(out, len(got)) if asked else [math.nan] * len(got)
+                logprobs += self._sampled_logprobs(out, len(got)) if answered else [math.nan] * len(got)
             finish = (out.get("choices") or [{}])[0].get("finish_reason")
             if used and self.dialect == "vllm":  # --per-request-spec-decode-metrics detailed
                 steps = vllm_steps(out)

@@ -66,7 +66,6 @@ from pathlib import Path
 import numpy as np
 
 from mtpcheck.backends.httpserver import (
-    UNSERIALIZABLE,
     Client,
     ServerError,
     ServerProcess,
@@ -74,6 +73,7 @@ from mtpcheck.backends.httpserver import (
     constraint_fields,
     kept_rounds,
     plain_path_laws,
+    post_logprobs,
     serve_together,
     token_logprobs,
     vllm_refused_controls,
@@ -366,16 +366,9 @@ class VllmBackend:
         spec, used, depth, reason, message = self.plan(request)
         sp = request.sampling
         seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(SEED_MOD)
-        body = {**self._request_body(request, seed), **({"logprobs": 0} if request.logprobs else {})}
-        try:
-            out = self.post("spec" if used else "plain", body)
-        except ServerError as exc:
-            if not (request.logprobs and UNSERIALIZABLE in str(exc)):
-                raise
-            # V10: a sampled token of processed probability 0 has logprob -inf, which the server cannot
-            # write as JSON (HTTP 400): the tokens are asked again without logprobs, reported as NaN
-            body.pop("logprobs")
-            out = self.post("spec" if used else "plain", body)
+        # V10: logprobs the server cannot write are asked again without (NaN below)
+        out, _ = post_logprobs(lambda b: self.post("spec" if used else "plain", b), self._request_body(request, seed),
+                               {"logprobs": 0} if request.logprobs else {})
         choice = (out.get("choices") or [{}])[0]
         tokens = choice.get("token_ids")
         if tokens is None:

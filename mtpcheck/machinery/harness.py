@@ -196,10 +196,7 @@ class Guarded:
         """The whole stream of generate_stream(req), chunks in arrival order
         (consumed under one timeout), each validated."""
         self._streams(req)
-        chunks = self._chunks(self._consume(req, lambda r: list(self.backend.generate_stream(r))))
-        if not chunks:
-            raise BackendGarbage("generate_stream() yielded no chunk")
-        return chunks
+        return self._chunks(self._consume(req, lambda r: list(self.backend.generate_stream(r))))
 
     def abandon_stream(self, req: GenerationRequest, after: int) -> tuple[list[StreamChunk], bool]:
         """A client that goes away: the first `after` chunks of generate_stream(req),
@@ -221,8 +218,6 @@ class Guarded:
             return got
 
         chunks = self._chunks(self._consume(req, take))
-        if not chunks:
-            raise BackendGarbage("generate_stream() yielded no chunk")
         return chunks, any(c.finish_reason is not None for c in chunks)
 
     def _streams(self, req: GenerationRequest) -> None:
@@ -231,6 +226,9 @@ class Guarded:
         self._constraint_declared(req)
 
     def _chunks(self, raw: list) -> list[StreamChunk]:
+        """A stream's chunks validated: StreamChunk fields, ids in the vocabulary, at least one."""
+        if not raw:
+            raise BackendGarbage("generate_stream() yielded no chunk")
         chunks = []
         V = self.capabilities().vocab_size
         for i, c in enumerate(raw):
