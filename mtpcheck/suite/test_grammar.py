@@ -61,14 +61,23 @@ def test_outputs_belong_to_the_language(mtp_backend, mtp_capabilities, mtp_fixtu
         res = mtp_backend.generate(req)
         outputs[name] = res.tokens
         problems += [f"{name}: {p}" for p in _language_problems(mtp_backend, mtp_capabilities, res, constraint)]
-    if mtp_capabilities.truncated_laws:  # top-N rows cannot say where the mask leaves the argmax
-        mtp_record(choice=constraint.choice, outputs=outputs, greedy_path=None)
-        assert not problems, "outputs under a request constraint leave its language: " + "; ".join(problems[:4])
-        return
-    # greedy: the masked argmax path of the target, step by step
+    want, margin = None, None
+    if not mtp_capabilities.truncated_laws:  # top-N rows cannot say where the mask leaves the argmax
+        want, margin = _masked_argmax_path(mtp_backend, prompt, dfa)
+        for name in ("greedy, speculative", "greedy, plain"):
+            got = list(output_path(outputs[name], mtp_capabilities.eos_token_ids))
+            if got != want and margin > 1e-4:  # a near tie under the mask may flip either way
+                problems.append(f"{name}: output {got} is not the target's masked argmax path {want}")
+    mtp_record(choice=constraint.choice, outputs=outputs, greedy_path=want, greedy_margin=margin)
+    assert not problems, "outputs under a request constraint leave its language: " + "; ".join(problems[:4])
+
+
+def _masked_argmax_path(backend, prompt, dfa) -> tuple[list[int], float]:
+    """Greedy under the constraint: the target's masked argmax path, step by
+    step, and the smallest top-2 probability margin along it."""
     want, state, margins = [], dfa.start, []
     for _ in range(MAX_TOKENS):  # the argmax of the temperature-1 law is greedy's token
-        law = mtp_backend.target_distributions(prompt, [*want, 0], SAMPLED)[-1] * dfa.allowed(state)
+        law = backend.target_distributions(prompt, [*want, 0], SAMPLED)[-1] * dfa.allowed(state)
         top = np.sort(law)[::-1]
         margins.append(float(top[0] - top[1]) if len(top) > 1 else 1.0)
         t = int(np.argmax(law))
@@ -76,12 +85,7 @@ def test_outputs_belong_to_the_language(mtp_backend, mtp_capabilities, mtp_fixtu
             break
         want.append(t)
         state = dfa.advance(state, t)
-    for name in ("greedy, speculative", "greedy, plain"):
-        got = list(output_path(outputs[name], mtp_capabilities.eos_token_ids))
-        if got != want and min(margins) > 1e-4:  # a near tie under the mask may flip either way
-            problems.append(f"{name}: output {got} is not the target's masked argmax path {want}")
-    mtp_record(choice=constraint.choice, outputs=outputs, greedy_path=want, greedy_margin=min(margins))
-    assert not problems, "outputs under a request constraint leave its language: " + "; ".join(problems[:4])
+    return want, min(margins)
 
 
 @pytest.mark.contract("CONSTRAINT-LANGUAGE")
