@@ -17,6 +17,8 @@ from mtpcheck.machinery.report import (
     CAPABILITIES_PROPERTY,
     CLAUSE_PROPERTY,
     EVIDENCE_PROPERTY,
+    EXERCISE_PROPERTY,
+    SIDE_PROPERTY,
     XFAIL_SECTION,
     RunRecorder,
     is_clause_failure,
@@ -26,6 +28,7 @@ from mtpcheck.machinery.report import (
 
 STASH_BACKEND = pytest.StashKey[object]()
 STASH_XFAIL_LINE = pytest.StashKey[str]()
+STASH_XFAIL_SIDE = pytest.StashKey[str]()  # the side the matching xfails line documents (side=...)
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
 STASH_CAPS_SENT = pytest.StashKey[bool]()
@@ -91,6 +94,8 @@ def _is_worker(config) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "contract(clause_id): the catalogue clause this suite test checks")
     config.addinivalue_line("markers", "requires(*capabilities): capabilities needed beyond the clause's own")
+    config.addinivalue_line("markers", "exercise(*needs, reason): what this test's sample must exercise, in place of "
+                                       "its clause's catalogue field ('accepted', 'rejected'; none: exempt, with why)")
     from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
     from mtpcheck.machinery.settings import (
         SettingsError,
@@ -198,12 +203,15 @@ def pytest_collection_modifyitems(session, config, items):
         if not entries:
             continue
         unmatched = match_lines(entries, suite_items, _clause_ids)
+        sides = {e.entry: e.side for e in entries}
         for item, line, reason in unmatched.pop("__matches__"):
             if marker == "skip":
                 item.add_marker(pytest.mark.skip(reason=reason))
             else:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
                 item.stash[STASH_XFAIL_LINE] = line
+                if sides.get(line):
+                    item.stash[STASH_XFAIL_SIDE] = sides[line]
         for line in unmatched["__unused__"]:
             warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")
@@ -245,12 +253,24 @@ def pytest_runtest_makereport(item, call):
     if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
         return
     exc = call.excinfo.value
-    if is_clause_failure(exc):
-        return
+    if not is_clause_failure(exc):
+        why = f"xfails line {line!r} covers a failure of the clause's check, this test raised {type(exc).__name__}:"
+    else:
+        pinned = item.stash.get(STASH_XFAIL_SIDE, None)
+        found = _failure_side(item)
+        if pinned is None or found == pinned:
+            return
+        why = (f"deviating side {found or 'not named by the clause'}, the xfails line documents side={pinned} "
+               f"({line!r}):")
     rep.outcome = "failed"
     del rep.wasxfail
-    rep.sections.append((XFAIL_SECTION, f"not the documented deviation: xfails line {line!r} covers a failure of "
-                                        f"the clause's check, this test raised {type(exc).__name__}:"))
+    rep.sections.append((XFAIL_SECTION, f"not the documented deviation: {why}"))
+
+
+def _failure_side(item) -> str | None:
+    """The deviating side a failing test named (mtp_record(deviating_side=...)), its last word."""
+    sides = [json.loads(v).get(SIDE_PROPERTY) for k, v in item.user_properties if k == EVIDENCE_PROPERTY]
+    return next((x for x in reversed(sides) if x), None)
 
 
 def pytest_runtest_setup(item):
@@ -261,6 +281,7 @@ def pytest_runtest_setup(item):
     from mtpcheck.machinery.checks import missing_capabilities, skip_reason
 
     backend = _backend(item.config)
+    backend.start_tally()  # before the fixtures: a shared sample counts for the test that draws it
     if _is_worker(item.config) and not item.config.stash.get(STASH_CAPS_SENT, False):
         # with the first report, not only at the end: an interrupted worker's end never reaches the controller
         item.config.stash[STASH_CAPS_SENT] = True
@@ -271,6 +292,38 @@ def pytest_runtest_setup(item):
     missing = missing_capabilities(backend.capabilities(), needed)
     if missing:
         pytest.skip(skip_reason(backend.capabilities(), missing))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test that passed on speculative results holding no accepted (or, for
+    a rule about rejections, no rejected) proposal judged nothing of
+    speculation: it fails, named, unless every such request was declared
+    unaccelerated (then it skips, naming the control)."""
+    __tracebackhide__ = True
+    ids = _clause_ids(item)
+    if not ids:
+        return (yield)
+    backend = item.config.stash.get(STASH_BACKEND, None)
+    tally = getattr(backend, "tally", None)
+    try:
+        result = yield
+    finally:
+        if tally is not None and tally.requests:
+            item.user_properties.append((EXERCISE_PROPERTY, json.dumps(tally.as_dict())))
+    if tally is not None:
+        from mtpcheck.catalogue import load_catalogue
+        from mtpcheck.machinery.exercise import NotExercised, verdict
+
+        marker = item.get_closest_marker("exercise")
+        clauses = load_catalogue().by_id()
+        needs = list(marker.args) if marker else sorted({n for i in ids if i in clauses for n in clauses[i].exercise})
+        found = verdict(tally, needs)
+        if found and found[0] == "skip":
+            pytest.skip(found[1])
+        if found:
+            raise NotExercised(found[1])
+    return result
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -40,6 +40,16 @@ def farthest(p: np.ndarray, a: int) -> int:
     return int(nz[-1] if a < V // 2 else nz[0])
 
 
+
+def full_rounds(n: int, d: int) -> tuple[list[int], list[int]]:
+    """(accept_lens, draft_lens) of n tokens in rounds that accept every proposal (the first token from the
+    prefill): statistics that add up and show speculation exercised."""
+    acc, emitted = [], 1
+    while emitted < n and d:
+        acc.append(min(d, n - emitted - 1))
+        emitted += acc[-1] + 1
+    return acc, list(acc)
+
 class FakeSeeded:
     def __init__(self, max_depth=3, drafters="embedded", flip="none", tol=0.0, context=None):
         self.max_depth, self.kinds, self.flip, self.tol = int(max_depth), [k for k in drafters.split(",") if k], flip, float(tol)
@@ -78,13 +88,13 @@ class FakeSeeded:
             out.append(t)
             hist.append(t)
         d = (s.num_draft_tokens or 1) if used else 0
+        acc, dr = full_rounds(len(out), d)
         report = SpeculationReport(
             requested=want, used=used, mode="native_mtp" if want else "off", runtime="fake", num_draft_tokens=d,
             acceptance_rule="exact_match" if used else None,
             reason=None if used else (reason or "not_requested"), message=None if used else "not speculating",
-            rounds=len(out) if used else 0, drafted=d * len(out) if used else 0,
-            accept_lens=[0] * len(out) if used else [], draft_lens=[d] * len(out) if used else [],
-            acceptance_rate=0.0 if used else None)
+            rounds=len(acc), drafted=sum(dr), accepted=sum(acc), accept_lens=acc, draft_lens=dr,
+            acceptance_rate=1.0 if sum(dr) else None)
         events = [TokenEvent(index=i, token=t) for i, t in enumerate(out)] + [FinishEvent(reason="length")]
         return GenerationResult(tokens=out, text="", finish_reason="length", events=events, speculation=report,
                                 seed=seed)

@@ -23,6 +23,16 @@ def logits(history, gap):
 FIRST = 3  # prompt length the tests use
 
 
+
+def full_rounds(n: int, d: int) -> tuple[list[int], list[int]]:
+    """(accept_lens, draft_lens) of n tokens in rounds that accept every proposal (the first token from the
+    prefill): statistics that add up and show speculation exercised."""
+    acc, emitted = [], 1
+    while emitted < n and d:
+        acc.append(min(d, n - emitted - 1))
+        emitted += acc[-1] + 1
+    return acc, list(acc)
+
 class FakeTie:
     def __init__(self, gap="1e-4", tol="1e-3", depth="2"):
         self.gap, self.tol, self.depth = float(gap), float(tol), int(depth)
@@ -44,9 +54,11 @@ class FakeTie:
             out.append(t)
             hist.append(t)
         d = (req.speculation.num_draft_tokens or self.depth) if spec else 0
+        acc, dr = full_rounds(len(out), d)
         report = SpeculationReport(requested=spec, used=spec, mode="native_mtp" if spec else "off", runtime="fake",
                                    num_draft_tokens=d, reason=None if spec else "not_requested",
-                                   message=None if spec else "off")
+                                   message=None if spec else "off", rounds=len(acc), drafted=sum(dr),
+                                   accepted=sum(acc), accept_lens=acc, draft_lens=dr)
         return GenerationResult(tokens=out, text="", finish_reason="length", speculation=report)
 
     def target_distributions(self, prompt, continuation, sampling):

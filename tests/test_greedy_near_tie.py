@@ -54,10 +54,12 @@ class FlatFlip:
         for i in range(req.max_tokens):
             order = np.argsort(law(n + i))
             tokens.append(int(order[-2] if spec and i == FLIP_AT else order[-1]))
+        rounds = (len(tokens) - 1) // 2 if spec else 0  # depth 1, every proposal accepted: 2 tokens a round
         report = SpeculationReport(requested=spec, used=spec, mode="native_mtp" if spec else "off",
                                    runtime="flat-flip", num_draft_tokens=1 if spec else 0,
                                    reason=None if spec else "not_requested",
-                                   message=None if spec else "off")
+                                   message=None if spec else "off", rounds=rounds, drafted=rounds, accepted=rounds,
+                                   accept_lens=[1] * rounds, draft_lens=[1] * rounds)
         return GenerationResult(tokens=tokens, text="", finish_reason="length", speculation=report)
 
     def target_distributions(self, prompt, continuation, sampling):

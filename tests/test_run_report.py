@@ -196,7 +196,7 @@ def test_a_full_run_is_complete(tree):
     result, data = run(tree, BACKEND, "test_down.py")
     assert result.ret == 0 and data["complete"] and data["incomplete_reasons"] == [] and data["exit_status"] == 0
     assert data["not_run"] == {"clauses": {}, "tests": []}
-    assert data["schema_version"] == 2 and data["seed"] == 1234 and data["profile"] == "ci"
+    assert data["schema_version"] == 3 and data["seed"] == 1234 and data["profile"] == "ci"
     assert data["versions"]["mtpcheck"] and data["versions"]["python"]
 
 
@@ -256,8 +256,8 @@ def test_markdown_junit_and_the_report_model(tree):
     md, junit = tree.path / "out" / "pr.md", tree.path / "junit.xml"
     result, data = run(tree, BACKEND, "test_down.py", f"--mtp-markdown={md}", f"--junitxml={junit}")
     text = md.read_text()
-    assert "| clause | outcome | note | evidence |" in text
-    assert "| STATS-CONSISTENT | FAILED | AssertionError: stats disagree" in text
+    assert "| clause | outcome | exercised | note | evidence |" in text
+    assert "| STATS-CONSISTENT | FAILED |  | AssertionError: stats disagree" in text
     assert "rank_gtest: alpha 1e-07, n 100, p 0.25, detectable TV 0.125 (lowest p of 3)" in text
     assert "base seed `1234`, exit status 1, complete" in text
     props = {(c.get("name"), p.get("name"), p.get("value"))
@@ -271,7 +271,7 @@ def test_mtp_record_without_a_contract_marker_is_recorded(tree):
     tree.makepyfile(test_plain="def test_plain(mtp_record):\n    mtp_record(speedup=1.5)\n")
     _, data = run(tree, BACKEND, "test_down.py", "test_plain.py")
     assert data["tests"]["test_plain.py::test_plain"] == {
-        "clauses": [], "outcome": "passed", "message": "", "evidence": [{"speedup": 1.5}],
+        "clauses": [], "outcome": "passed", "message": "", "evidence": [{"speedup": 1.5}], "exercise": None,
         "duration_s": data["tests"]["test_plain.py::test_plain"]["duration_s"]}
 
 

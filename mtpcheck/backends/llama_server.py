@@ -350,6 +350,7 @@ class LlamaServerBackend:
             # greedy drafts, exact match: the target draws one number per emitted position from the
             # request's seeded stream, with speculation as without (measured: seeded on == off)
             position_addressed_target_sampling=self.draft_sampling == "greedy",
+            round_statistics="replayed",  # from the stream's running draft_n / draft_n_accepted
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty",
                                            "presence_penalty", "frequency_penalty", "logit_bias"],
             target_distributions=True,

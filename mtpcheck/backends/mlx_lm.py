@@ -136,6 +136,7 @@ class MlxLmBackend(LibraryBackend):
             seeded_determinism=True,
             position_addressed_target_sampling=False,
             speculative_sampling_controls=self.speculative_controls(penalties_reach_library=True),
+            round_statistics="inferred",  # accept_lens from from_draft flags; draft_lens = min(depth, room), not seen
             target_distributions=True,
             raw_logits=True,  # target_logits: the decode path's float16 logits
             checkpoint_evidence=True,

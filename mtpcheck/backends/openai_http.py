@@ -139,6 +139,8 @@ class OpenAIHttpBackend:
             depths=[self.depth],  # the server's speculative depth is set at launch
             acceptance_rule=self.rule,
             first_token_from_prefill=True,
+            # vLLM's per-step counters are observed; llama.cpp's rounds are replayed from its stream
+            round_statistics="observed" if self.dialect == "vllm" else "replayed",
             seeded_determinism=True,
             speculative_sampling_controls=[c for c in ("temperature", "top_k", "top_p", "min_p", "seed",
                                                        "repetition_penalty", "presence_penalty", "frequency_penalty",

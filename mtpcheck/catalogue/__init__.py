@@ -32,6 +32,11 @@ class Clause(BaseModel):
     requires: list[Capability] = Field(default_factory=list)
     kind: Literal["black-box", "white-box", "exact", "statistical"]
     bug_classes: list[str] = Field(default_factory=list)
+    exercise: list[Literal["accepted", "rejected"]] = Field(
+        default_factory=list,
+        description="what the sample of each of its tests must hold to judge speculation: a test that passes on"
+        " speculative results with no accepted (no rejected) proposal fails as not exercised",
+    )
 
 
 class Catalogue(BaseModel):

@@ -249,6 +249,14 @@ class Capabilities(_Strict):
         " so emitted tokens = 1 + accepted + rounds; False: round 0 verifies the first proposals and emits the first"
         " token, so emitted tokens = accepted + rounds (each less a cut of the last block)",
     )
+    round_statistics: Literal["observed", "replayed", "inferred"] = Field(
+        "observed",
+        description="how the report's per-round statistics (accept_lens, draft_lens) are obtained: observed (the"
+        " runtime's own per-round counters), replayed (reconstructed from what the runtime shows per token, e.g. a"
+        " stream's running counters), inferred (a part, typically draft_lens, filled in from the declared drafting"
+        " policy, min(depth, room)). REPORT-DEPTH and REPORT-HONEST's round rule judge only observed or replayed"
+        " rounds: inferred ones restate the declaration and say 'not judged'",
+    )
     seeded_determinism: bool = False
     position_addressed_target_sampling: bool = False
     speculative_sampling_controls: list[str] = Field(

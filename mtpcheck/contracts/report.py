@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Capabilities
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error",
                  "crashed", "unfinished"]
@@ -24,6 +24,23 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Exercise(_Model):
+    """What the speculative results a test received say was drafted and
+    accepted (their reports, summed): the evidence that speculation ran."""
+
+    requests: int = Field(description="results of requests that asked for speculation")
+    unaccelerated: int = Field(description="of those, declared unaccelerated (a control outside "
+                                           "speculative_sampling_controls): not counted below")
+    used: int = Field(description="reports that say used")
+    rounds: int
+    drafted: int
+    accepted: int
+    rejected: int = Field(description="drafted - accepted")
+    bonus_tokens: int
+    corrections: int
+    declared_off: list[str] = Field(default_factory=list, description="the controls declared unaccelerated")
+
+
 class TestRecord(_Model):
     __test__ = False  # not a pytest test class
     clauses: list[str]
@@ -31,6 +48,7 @@ class TestRecord(_Model):
     message: str = ""
     duration_s: float
     evidence: list[dict[str, Any]] = Field(default_factory=list, description="mtp_record(...) calls, in order")
+    exercise: Exercise | None = Field(None, description="null: the test received no speculative result")
 
 
 class ClauseRecord(_Model):
@@ -40,6 +58,7 @@ class ClauseRecord(_Model):
     tests: dict[str, Outcome]
     notes: list[str] = Field(description="messages of the tests that decided the outcome")
     evidence: list[dict[str, Any]]
+    exercise: Exercise | None = Field(None, description="its tests' exercise, summed; null: no speculative result")
 
 
 class BackendRecord(_Model):
@@ -56,7 +75,7 @@ class NotRun(_Model):
 class RunReport(_Model):
     """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
     incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
     exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")

@@ -22,6 +22,7 @@ from mtpcheck.contracts import (
     StreamChunk,
 )
 from mtpcheck.contracts.errors import SettingsError
+from mtpcheck.machinery.exercise import Tally
 
 
 class BackendRaised(BackendError):
@@ -115,6 +116,17 @@ class Guarded:
     def __init__(self, backend, timeout: float | None = 120.0):
         self.backend, self.timeout = backend, timeout
         self._caps: Capabilities | None = None
+        self.tally = Tally()  # the running suite test's speculative results (the plugin starts one per test)
+
+    def start_tally(self) -> Tally:
+        self.tally = Tally()
+        return self.tally
+
+    def note(self, *pairs: tuple[GenerationRequest, GenerationResult]) -> None:
+        """Count (request, result) pairs a test judges that it did not draw
+        itself (a sample shared with other tests, drawn once)."""
+        for req, res in pairs:
+            self.tally.add(req, res, self.capabilities())
 
     def _call(self, name: str, *args, expect: tuple[type[BaseException], ...] = ()):
         fn = getattr(self.backend, name, None)
@@ -181,6 +193,7 @@ class Guarded:
             raise BackendGarbage(f"{what} returned {len(res.tokens)} tokens, max_tokens was {req.max_tokens}")
         if res.logprobs is not None and len(res.logprobs) != len(res.tokens):
             raise BackendGarbage(f"{len(res.logprobs)} logprobs for {len(res.tokens)} tokens")
+        self.tally.add(req, res, self.capabilities())
         return res
 
     def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:

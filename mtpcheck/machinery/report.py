@@ -13,7 +13,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -28,12 +28,15 @@ from mtpcheck.contracts.report import (  # noqa: F401 - the models live in the c
     RunReport,
     TestRecord,
 )
+from mtpcheck.machinery.exercise import merge as merge_exercise
+from mtpcheck.machinery.exercise import summary as exercise_summary
 
 # worst first: a clause with any xfailed test shows XFAILED, not PASSED (a
 # clause with passed and skipped tests shows PASSED: see RunRecorder.clauses)
 OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 # the user_properties keys a suite test carries; plain strings, so JUnit XML shows them as they are
 CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
+EXERCISE_PROPERTY = "mtp_exercise"  # what the test's speculative results drafted and accepted (machinery.exercise)
 CAPABILITIES_PROPERTY = "mtp_capabilities"  # an xdist worker's backend declaration, on its first report
 
 
@@ -76,9 +79,34 @@ def resolve_id_file(name: str | Path) -> Path:
     raise IdFileError(f"{str(name)!r} does not exist (relative to {Path.cwd()}); shipped lists: {known}")
 
 
-def read_id_file(path: str | Path) -> list[tuple[str, str]]:
-    """Lines of node-id prefixes or clause ids; '#' starts a comment that
-    becomes the reason. Returns (entry, reason) pairs."""
+SIDES = ("speculative", "plain", "both")
+SIDE_PROPERTY = "deviating_side"  # the evidence key a failing test names its side with (mtp_record)
+
+
+class IdLine(NamedTuple):
+    """One xfails/skips line: a node-id prefix or clause id, the reason (its
+    comment) and, optionally, the side of the deviation it documents (`side=`)."""
+
+    entry: str
+    reason: str
+    side: str | None = None
+
+
+def _pins(path: Path, number: int, words: list[str]) -> dict:
+    pins = {}
+    for word in words:
+        key, eq, value = word.partition("=")
+        if not eq or key != "side" or value not in SIDES:
+            raise IdFileError(f"{str(path)!r} line {number}: {word!r} is not a pin; a line is an id, then optionally "
+                              f"side={'|'.join(SIDES)}, then '# reason'")
+        pins[key] = value
+    return pins
+
+
+def read_id_file(path: str | Path) -> list[IdLine]:
+    """Lines of node-id prefixes or clause ids, each optionally pinned to the
+    side of the deviation it documents (`side=speculative|plain|both`); '#'
+    starts a comment that becomes the reason."""
     path = resolve_id_file(path)
     if path.is_dir():
         raise IdFileError(f"{str(path)!r} is a folder, not a file of node ids or clause ids")
@@ -89,11 +117,12 @@ def read_id_file(path: str | Path) -> list[tuple[str, str]]:
     except OSError as exc:
         raise IdFileError(f"{str(path)!r} cannot be read: {exc.strerror}") from None
     entries = []
-    for raw in text.splitlines():
+    for number, raw in enumerate(text.splitlines(), 1):
         entry, _, comment = raw.partition("#")
-        entry = entry.strip()
-        if entry:
-            entries.append((entry, comment.strip() or f"listed in {path.name}"))
+        words = entry.split()
+        if words:
+            pins = _pins(path, number, words[1:])
+            entries.append(IdLine(words[0], comment.strip() or f"listed in {path.name}", pins.get("side")))
     return entries
 
 
@@ -137,12 +166,13 @@ def match_lines(entries, items, clause_ids) -> dict:
     matches, used = [], set()
     for item in items:
         ids = (item.nodeid, suite_id(item.nodeid, getattr(item, "path", None)))
-        for entry, reason in entries:
+        for line in entries:
+            entry = line[0]
             if entry in clause_ids(item) or any(i.startswith(p) for i in ids for p in {entry, entry_id(entry)}):
-                matches.append((item, entry, reason))
+                matches.append((item, entry, line[1]))
                 used.add(entry)
                 break
-    return {"__matches__": matches, "__unused__": [e for e, _ in entries if e not in used]}
+    return {"__matches__": matches, "__unused__": [line[0] for line in entries if line[0] not in used]}
 
 
 def is_clause_failure(exc: BaseException) -> bool:
@@ -157,6 +187,7 @@ def is_clause_failure(exc: BaseException) -> bool:
     return isinstance(exc, (AssertionError, pytest.fail.Exception))
 
 
+NOT_EXERCISED = "mtpcheck.machinery.exercise.NotExercised: "  # the message says what it is
 XFAIL_SECTION = "mtpcheck xfails"  # a report section: the xfails line that did not cover a failure
 
 
@@ -183,7 +214,7 @@ def _message(report) -> str:
         return report.wasxfail
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
-        text = (crash.message if crash else str(report.longrepr)).splitlines()[0]
+        text = (crash.message if crash else str(report.longrepr)).splitlines()[0].removeprefix(NOT_EXERCISED)
         unmatched = [body for title, body in getattr(report, "sections", ()) if title == XFAIL_SECTION]
         return _clip((unmatched[0] + " " if unmatched else "") + text, 300)
     return ""
@@ -262,6 +293,7 @@ class RunRecorder:
                                      None)
         clauses = [v for k, v in report.user_properties if k == CLAUSE_PROPERTY]
         evidence = [json.loads(v) for k, v in report.user_properties if k == EVIDENCE_PROPERTY]
+        exercise = next((json.loads(v) for k, v in reversed(report.user_properties) if k == EXERCISE_PROPERTY), None)
         if not clauses and not evidence and report.nodeid not in self.collected and report.nodeid not in self.crashed:
             return
         entry = self.tests.setdefault(report.nodeid, {"clauses": clauses, "outcome": None,
@@ -274,6 +306,8 @@ class RunRecorder:
         ):
             entry["outcome"], entry["message"] = outcome, _message(report)
         entry["evidence"] = evidence
+        if exercise is not None:
+            entry["exercise"] = exercise
 
     def pytest_collectreport(self, report):
         if report.failed and "collection error" not in self.reasons:
@@ -348,7 +382,8 @@ class RunRecorder:
             notes = sorted({t["message"] for t in tests.values() if t["outcome"] == worst and t["message"]})
             out[clause.id] = {"title": clause.title, "kind": clause.kind, "outcome": worst,
                               "tests": {n: t["outcome"] for n, t in tests.items()}, "notes": notes,
-                              "evidence": [e for t in tests.values() for e in t["evidence"]]}
+                              "evidence": [e for t in tests.values() for e in t["evidence"]],
+                              "exercise": merge_exercise([t.get("exercise") for t in tests.values()])}
         return out
 
     def not_run(self) -> dict:
@@ -391,18 +426,22 @@ class RunRecorder:
         return [
             head,
             f"mtpcheck: capabilities: drafters {caps.get('mtp_kinds')}, max depth {caps.get('max_depth')}, "
-            f"acceptance {caps.get('acceptance_rule')}, vocab {caps.get('vocab_size')}; {', '.join(flags)}",
+            f"acceptance {caps.get('acceptance_rule')}, vocab {caps.get('vocab_size')}, round statistics "
+            f"{caps.get('round_statistics', 'observed')}; {', '.join(flags)}",
         ]
 
     def table_lines(self) -> list[str]:
         rows = self.clauses()
         missing = self.not_run()["clauses"]
         width = max((len(c) for c in [*rows, *missing]), default=10)
+        cells = {cid: exercise_summary(row["exercise"]) for cid, row in rows.items()}
+        ex_width = max((len(c) for c in cells.values()), default=0)
         lines = []
         for cid, row in rows.items():
             note = row["notes"][0] if row["notes"] else ""
             # a skip reason names the capability or setting: never cut (failure messages can run long)
-            lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  "
+            ex = f"{cells[cid]:<{ex_width}}  " if ex_width else ""
+            lines.append(f"{cid:<{width}}  {row['outcome'].upper():<8}  {ex}"
                          f"{note if row['outcome'] == 'skipped' else _clip(note, 110)}".rstrip())
         for cid, why in missing.items():
             if why != "deselected":
@@ -496,17 +535,18 @@ class RunRecorder:
         lines = [f"### mtpcheck: {rep.backend.name} ({caps.version if caps else 'not loaded'})", "",
                  f"profile `{rep.profile}`, base seed `{rep.seed}`, exit status {rep.exit_status}, {state}; "
                  + ", ".join(f"{v} {k}" for k, v in rep.summary.items() if v), "",
-                 "| clause | outcome | note | evidence |", "|---|---|---|---|"]
+                 "| clause | outcome | exercised | note | evidence |", "|---|---|---|---|---|"]
 
         def cell(text: str) -> str:
             return text.replace("|", "\\|").replace("\n", " ")
 
         for cid, row in rep.clauses.items():
-            lines.append(f"| {cid} | {row.outcome.upper()} | {cell(row.notes[0] if row.notes else '')} "
+            ex = exercise_summary(row.exercise.model_dump() if row.exercise else None)
+            lines.append(f"| {cid} | {row.outcome.upper()} | {ex} | {cell(row.notes[0] if row.notes else '')} "
                          f"| {cell(evidence_summary(row.evidence))} |")
         for cid, why in rep.not_run.clauses.items():
             if why != "deselected":
-                lines.append(f"| {cid} | NOT RUN | {cell(why)} | |")
+                lines.append(f"| {cid} | NOT RUN | | {cell(why)} | |")
         deselected = [cid for cid, why in rep.not_run.clauses.items() if why == "deselected"]
         if deselected:
             lines += ["", f"Deselected, not run: {', '.join(deselected)}."]

@@ -60,7 +60,7 @@ def check_writable(path: str | Path | None, option: str) -> None:
         raise SettingsError(f"{option}: {str(path)!r} is not writable (no write permission in {str(folder)!r})")
 
 
-def check_id_file(path: str | None, option: str) -> list[tuple[str, str]]:
+def check_id_file(path: str | None, option: str) -> list:
     """The xfails/skips file's entries; a missing, folder or non-UTF-8 file is a usage error."""
     from mtpcheck.machinery.report import IdFileError, read_id_file
 

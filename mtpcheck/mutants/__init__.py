@@ -269,6 +269,9 @@ ZOO: list[Mutant] = [
            ("STATS-CONSISTENT",), _zoo("budget_one_short")),
     Mutant("previous-seed-mixed", "B12", "the target's random key mixes in the previous seeded request's seed",
            ("SEED-HISTORY",), _zoo("previous_seed_mixed")),
+    Mutant("accepts-nothing", "B17", "every proposal is rejected and the token drawn from the target's own law: "
+           "lossless plain output, reported as speculation with 0 accepted",
+           ("GREEDY-EQUIV", "DIST-EQUIV", "STATS-CONSISTENT"), _zoo("accepts_nothing")),
     Mutant("stale-hidden-state", "B17", "the MTP head reads the target's hidden states one row late after verification",
            ("DRAFT-FRESH",), _zoo("stale_hidden_state"),
            invisible="the head's stale hidden state only lowers acceptance: every token is still verified by the target, so tokens, their law and the statistics' consistency are exact"),

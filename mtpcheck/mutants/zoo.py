@@ -1015,6 +1015,18 @@ def drafter_silently_disabled(engine):
     with_drafters(engine, GivesUpAfterTwoRounds)
 
 
+def _rejects_every_proposal(ps, qs, proposals, au, tu):
+    """Every proposal rejected; the token drawn from the target's own law with
+    its own uniform: exactly plain decoding, reported as speculation."""
+    return Verdict(0, sample(ps[0], tu[0]), "correction", ps[0])
+
+
+def accepts_nothing(engine):
+    """Speculation dead after a swallowed error (OpenVINO GenAI's draft model under
+    prefix caching): rounds drafted and verified, every proposal rejected, output lossless."""
+    with_rule(engine, _rejects_every_proposal)
+
+
 class HiddenOneRowLate:
     """After verification the MTP head keeps the target hidden states one row
     late: position i gets the state of input i+1 (after a rejection, the

@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from mtpcheck.contracts import SamplingParams
-from mtpcheck.laws.controls import PathCheck, verdict
+from mtpcheck.laws.controls import PathCheck, deviating_side, verdict
 from mtpcheck.machinery.configs import request, spec_for
 from mtpcheck.machinery.controls import (
     argmax_changes,
@@ -113,4 +113,5 @@ def test_greedy_tokens_are_the_contracts_processed_argmax(mtp_backend, mtp_capab
                seconds=round(time.perf_counter() - t0, 2))
     message = verdict(control, checks["speculative"], checks["plain"], eps, source)
     if message:
+        mtp_record(deviating_side=deviating_side(checks["speculative"], checks["plain"]))
         pytest.fail(message)

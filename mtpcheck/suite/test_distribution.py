@@ -23,6 +23,14 @@ from mtpcheck.machinery.configs import (
     spec_for,
 )
 
+# A failure names its side: the same seeded requests with speculation off, judged by the same
+# tests. Drawn only after a failure, so they spend none of the run's alpha; the plain path's
+# p-value below SIDE_ALPHA labels the failure "both paths" (a plain path that keeps the law is
+# called deviating once in 1,000 failures).
+SIDE_ALPHA = 1e-3
+SIDE_WORDS = {"speculative": "speculative path deviates",
+              "both": "both paths deviate (not speculative: the plain path fails the same test)"}
+
 # Escalation on suspicion (docs/statistics.md; the constants in
 # mtpcheck/machinery/configs.py): each DIST-EQUIV test spends its alpha in two
 # stages, DIST_STAGE1 on the profile's sample and DIST_STAGE2 on that sample
@@ -35,22 +43,25 @@ def samples(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
     """(config, runs) -> list of (prompt, result); one shared sample per config,
     grown on demand (escalation), so the clauses below judge the same tokens.
     Drawn through generate_batch when the backend declares it."""
-    cache = {}
+    cache, asked = {}, {}
 
-    def get(config, runs=None):
+    def get(config, runs=None, plain=False):
+        """`plain`: the same requests with speculation off (drawn only to name the side of a failure)."""
         want = runs or mtp_profile.dist_runs
-        have = cache.setdefault(config, [])
+        have = cache.setdefault((config, plain), [])
         if len(have) < want:
             prompts = list(mtp_fixture.values())
             todo = [(prompts[r % len(prompts)], request(prompts[r % len(prompts)], mtp_profile.dist_tokens,
                                                         seeded(DIST_CONFIGS[config], mtp_seed * 1000 + r),
-                                                        spec_for(mtp_capabilities)))
+                                                        False if plain else spec_for(mtp_capabilities)))
                     for r in range(len(have), want)]
             if mtp_capabilities.generate_batch:
                 results = mtp_backend.generate_batch([req for _, req in todo])
             else:
                 results = [mtp_backend.generate(req) for _, req in todo]
             have += [(prompt, res) for (prompt, _), res in zip(todo, results, strict=True)]
+            asked.update({id(res): req for (_, req), res in zip(todo, results, strict=True)})
+        mtp_backend.note(*((asked[id(res)], res) for _, res in have[:want]))  # each test's exercise: the runs it judges
         return have[:want]
 
     return get
@@ -88,8 +99,17 @@ def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samp
         mtp_record(config=config, boundary_flips_excused=excused,
                    filter_boundary_tolerance=mtp_capabilities.filter_boundary_tolerance)
     n = mtp_capabilities.truncated_laws  # top-N laws: only provable zeros count
-    bad = truncated_zero_probability_violations(obs, n) if n else zero_probability_violations(obs)
-    assert not bad, f"{len(bad)} of {len(obs)} emitted tokens have target probability 0 (first at observation {bad[0]})"
+
+    def zeros(obs):
+        return truncated_zero_probability_violations(obs, n) if n else zero_probability_violations(obs)
+
+    bad = zeros(obs)
+    if bad:  # the same requests on the plain path name the side: exact, as the clause
+        plain = zeros(_obs(mtp_backend, mtp_capabilities, config, samples(config, plain=True), [], observed))
+        side = "both" if plain else "speculative"
+        mtp_record(config=config, deviating_side=side, plain_zero_probability_tokens=len(plain))
+        pytest.fail(f"{SIDE_WORDS[side]}: {len(bad)} of {len(obs)} emitted tokens have target probability 0 (first at "
+                    f"observation {bad[0]}); the same requests with speculation off emit {len(plain)}")
 
 
 @pytest.mark.contract("DIST-EQUIV")
@@ -123,8 +143,18 @@ def test_emitted_tokens_follow_the_target_law(mtp_backend, mtp_capabilities, mtp
                stage1=first, generations=len(runs), boundary_flips_excused=excused,
                sampled_through=sampled_through(mtp_capabilities))
     where = f"stage {stage} of 2, {len(runs)} generations" + (f" (escalated: stage-1 p={min(first.values()):.3g})" if stage == 2 else "")
-    assert g.passed, f"rank G-test rejects the target law: {g.note or ''} p={g.p_value:.3g} < alpha={alpha:.2g} (n={g.n}, detectable TV {g.detectable_tv}; {where})"
-    assert ks.passed, f"randomized PIT KS rejects uniformity: p={ks.p_value:.3g} < alpha={alpha:.2g} (n={ks.n}; {where})"
+    if g.passed and ks.passed:
+        return
+    # the side: the same requests with speculation off, the same tests at SIDE_ALPHA (a label, not a verdict)
+    pg, pks = tests(_obs(mtp_backend, mtp_capabilities, config, samples(config, len(runs), plain=True), [], observed),
+                    SIDE_ALPHA, mtp_seed + 2)
+    side = "both" if min(pg.p_value, pks.p_value) < SIDE_ALPHA else "speculative"
+    mtp_record(deviating_side=side, plain={"gtest": pg.model_dump(), "pit_ks": pks.model_dump(), "alpha": SIDE_ALPHA})
+    plain = f"; speculation off: G-test p={pg.p_value:.3g}, KS p={pks.p_value:.3g}"
+    assert g.passed, (f"{SIDE_WORDS[side]}: rank G-test rejects the target law: {g.note or ''} p={g.p_value:.3g} < "
+                      f"alpha={alpha:.2g} (n={g.n}, detectable TV {g.detectable_tv}; {where}){plain}")
+    assert ks.passed, (f"{SIDE_WORDS[side]}: randomized PIT KS rejects uniformity: p={ks.p_value:.3g} < alpha={alpha:.2g} "
+                       f"(n={ks.n}; {where}){plain}")
 
 
 @pytest.mark.contract("LOGPROBS")

@@ -6,6 +6,17 @@ from mtpcheck.machinery.checks import divergence_mechanism, first_divergence, to
 from mtpcheck.machinery.configs import request, spec_for
 
 GREEDY = SamplingParams(temperature=0.0)
+SIDE_WORDS = {"speculative": "speculative path deviates (the plain token is the target's argmax)",
+              "plain": "plain path deviates (the speculative token is the target's argmax)",
+              "both": "both paths deviate (neither token is the target's argmax)"}
+
+
+def _side(law, spec_token, plain_token) -> str | None:
+    """Which path left the argmax at the first divergence (the plain prefix, which both share, is the history)."""
+    if law is None:
+        return None
+    top = int(np.argmax(law))
+    return "speculative" if plain_token == top else "plain" if spec_token == top else "both"
 
 
 @pytest.mark.contract("GREEDY-EQUIV")
@@ -28,13 +39,16 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
         evidence = dict(prompt=name, depth=depth, position=i, plain=plain.tokens[i:i + 3], spec=spec.tokens[i:i + 3],
                         top2_logit_gap=gap, near_tie_logit_gap=tolerance,
                         where=divergence_mechanism(spec, i, mtp_capabilities.first_token_from_prefill))
-        mtp_record(divergence=evidence)
         if gap is None or gap >= tolerance:
             why = ("no target_distributions to read the gap from" if gap is None
                    else f"top-2 logit gap {gap:.4g} nats >= near_tie_logit_gap {tolerance:g}")
             s_tok, p_tok = (out.tokens[i] if i < len(out.tokens) else "(end)" for out in (spec, plain))
-            pytest.fail(f"position {i}: speculative token {s_tok} != plain token {p_tok} "
-                        f"(prompt {name}, depth {depth}); not a near-tie: {why}")
+            side = _side(np.asarray(laws[i]) if gap is not None else None, s_tok, p_tok)
+            mtp_record(divergence=evidence, deviating_side=side)
+            pytest.fail(f"{SIDE_WORDS.get(side, 'side not named (no target_distributions)')}: position {i}: "
+                        f"speculative token {s_tok} != plain token {p_tok} (prompt {name}, depth {depth}); "
+                        f"not a near-tie: {why}")
+        mtp_record(divergence=evidence)
         excused.append(evidence)
     if excused:
         mtp_record(excused_near_ties=len(excused))

@@ -1,31 +1,39 @@
 import pytest
 
 from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
+from mtpcheck.laws.controls import PathCheck, deviating_side
 from mtpcheck.machinery.checks import honesty_problems
 from mtpcheck.machinery.configs import request, spec_for
+from mtpcheck.machinery.controls import base_logits, missing_truth, penalised, truth_source
 
 REASONS = {"not_requested", "sampling_control_unsupported", "drafter_unavailable",
            "depth_exceeds_capability", "adaptive_disabled"}
 
 
 HONEST_PROMPTS = 3  # fixture prompts x (T=0, T=1) whose rounds REPORT-HONEST reads
+INFERRED = ("not judged: inferred from the declared policy (round_statistics='inferred'): the adapter fills in "
+            "draft_lens as min(depth, room), so a check of them restates the declaration")
 
 
 @pytest.mark.contract("REPORT-HONEST")
-def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed):
+def test_report_says_what_ran(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed, mtp_record):
     prompt = next(iter(mtp_fixture.values()))
     sp = SamplingParams(temperature=0.0)
     first = mtp_backend.generate(request(prompt, 16, sp, spec_for(mtp_capabilities), stop_token_ids=[]))
     on = first.speculation
     assert on.requested and on.mode == "native_mtp"
-    # used=True means speculation ran in every round that had room (a fallback to plain decoding says so)
+    # used=True means speculation ran in every round that had room (a fallback to plain decoding says so);
+    # rounds whose proposal counts the adapter inferred from the declared policy cannot show it
     problems = []
     for i, p in enumerate(list(mtp_fixture.values())[:HONEST_PROMPTS]):
         for t in (0.0, 1.0):
             req = request(p, 32, SamplingParams(temperature=t, seed=mtp_seed + i), spec_for(mtp_capabilities),
                           stop_token_ids=[])
-            problems += [f"prompt {i}, T={t}: {x}" for x in honesty_problems(mtp_backend.generate(req), req,
-                                                                              mtp_capabilities)]
+            res = mtp_backend.generate(req)
+            if mtp_capabilities.round_statistics != "inferred":
+                problems += [f"prompt {i}, T={t}: {x}" for x in honesty_problems(res, req, mtp_capabilities)]
+    mtp_record(round_rule=INFERRED if mtp_capabilities.round_statistics == "inferred"
+               else f"judged ({mtp_capabilities.round_statistics})")
     assert not problems, f"{len(problems)} rounds reported as speculation that drafted nothing, first: {problems[:3]}"
     if on.used:
         assert on.rounds >= 1 and on.drafted >= 1, f"drafted={on.drafted}, rounds={on.rounds} with used=True"
@@ -61,9 +69,25 @@ def control_prompt(backend, fixture: dict, sp: SamplingParams, name: str):
                 f"({CONTROL_TOKENS} tokens): nothing to compare speculation with (CTRL-CONTRACT checks the law)")
 
 
+def _side_of(backend, caps, prompt, sp, on, off) -> tuple[str | None, str]:
+    """Which path left the contract's law where the two outputs differ: each
+    greedy output against the argmax of the contract's processed logits
+    (as CTRL-CONTRACT judges it), or no side where the backend gives no ground truth."""
+    why = missing_truth(caps, sp.model_copy(update={"logit_bias": None}))
+    if why:
+        return None, f"side not named: {why}"
+    checks = {"speculative": PathCheck("speculative"), "plain": PathCheck("plain")}
+    for path, res in (("speculative", on), ("plain", off)):
+        checks[path].add(penalised(base_logits(backend, caps, prompt, res.tokens), sp, prompt, res.tokens),
+                         res.tokens, caps.near_tie_logit_gap)
+    words = f"{checks['speculative'].summary()}; {checks['plain'].summary()}, against {truth_source(caps)}"
+    return deviating_side(checks["speculative"], checks["plain"]), words
+
+
 @pytest.mark.contract("REPORT-NO-SILENT-FALLBACK")
 @pytest.mark.parametrize("control", CONTROLS, ids=lambda c: next(iter(c)))
-def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabilities, mtp_fixture, control):
+def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record,
+                                                         control):
     name = next(iter(control))
     if name in mtp_capabilities.unsupported_controls:
         pytest.skip(f"backend declares {name} unsupported on either path (unsupported_controls)")
@@ -78,7 +102,11 @@ def test_unsupported_controls_are_never_silently_ignored(mtp_backend, mtp_capabi
         assert name in (s.message or ""), f"message={s.message!r} does not name the control {name}"
     elif name not in mtp_capabilities.speculative_sampling_controls:
         pytest.fail(f"speculated with {name} that the backend does not declare it honours")
-    assert on.tokens == off.tokens, f"with {name}, speculative output differs from target-only output"
+    if on.tokens != off.tokens:
+        side, words = _side_of(mtp_backend, mtp_capabilities, prompt, sp, on, off)
+        mtp_record(control=name, deviating_side=side, paths=words)
+        pytest.fail(f"with {name}, speculative output differs from target-only output: deviating side {side or 'not named'}"
+                    f" ({words})")
     if not on.speculation.used:
         with pytest.raises(SpeculationUnavailableError):
             mtp_backend.generate(request(prompt, CONTROL_TOKENS, sp, spec_for(mtp_capabilities, require_acceleration=True)),

@@ -7,7 +7,7 @@ from mtpcheck.machinery.configs import DIST_CONFIGS, request, seeded, spec_for
 
 
 @pytest.fixture(scope="module")
-def traced(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
+def _traced(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
     """(request, result, ground truth) over configs, depths and prompts."""
     out = []
     prompts = list(mtp_fixture.values())
@@ -20,6 +20,13 @@ def traced(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
         truth = mtp_backend.target_distributions(req.prompt_tokens, res.tokens, sp) if mtp_capabilities.target_distributions else None
         out.append((req, res, truth))
     return out
+
+
+@pytest.fixture
+def traced(_traced, mtp_backend):
+    """The module's traced sample, counted as each test's own exercise."""
+    mtp_backend.note(*((req, res) for req, res, _ in _traced))
+    return _traced
 
 
 def _check(traced, clause, rule):

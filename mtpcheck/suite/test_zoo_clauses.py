@@ -28,8 +28,13 @@ def test_rounds_draft_the_depth_asked_for(mtp_backend, mtp_capabilities, mtp_fix
             problems += [f"prompt {i}, T={temperature}: {p}"
                          for p in depth_problems(res, req, depth, mtp_capabilities.first_token_from_prefill,
                                                  mtp_capabilities.drafting)]
+    if mtp_capabilities.round_statistics == "inferred":  # the requested depth is still judged
+        problems = [p for p in problems if "num_draft_tokens=" in p]
     assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
     assert rounds, "speculation never ran a round"
+    if mtp_capabilities.round_statistics == "inferred":
+        pytest.skip("per-round depth not judged: draft_lens inferred from the declared policy "
+                    "(round_statistics='inferred'); the report's num_draft_tokens was judged and agrees")
 
 
 def fresh_draft_problems(backend, caps, prompt: list[int], req: GenerationRequest, res: GenerationResult,

@@ -1,0 +1,133 @@
+"""Evidence that speculation was exercised.
+
+A clause that judges speculation judges nothing when its own sample holds
+no accepted proposal: lossless output from a runtime whose drafter is dead
+is the plain path's output. The harness tallies, per suite test, what the
+reports of the results it received say was drafted, accepted and rejected;
+the plugin turns a pass on an unexercised sample into a named failure
+(docs/report.md, "Exercise").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
+
+
+class NotExercised(Exception):
+    """A passing test whose sample did not exercise what its clause judges: a
+    verdict of its own, never a documented deviation (an xfails line does not cover it)."""
+
+
+# what a clause's sample must hold to judge speculation (catalogue field `exercise`)
+NEEDS = ("accepted", "rejected")
+
+
+def controls_of(sp: SamplingParams) -> list[str]:
+    """The non-neutral controls of a request, by the names Capabilities uses."""
+    out = ["temperature"]
+    out += ["top_k"] if sp.top_k is not None else []
+    out += ["top_p"] if sp.top_p is not None and sp.top_p < 1.0 else []
+    out += ["min_p"] if sp.min_p else []
+    out += ["repetition_penalty"] if sp.repetition_penalty not in (None, 1.0) else []
+    out += ["presence_penalty"] if sp.presence_penalty else []
+    out += ["frequency_penalty"] if sp.frequency_penalty else []
+    out += ["logit_bias"] if sp.logit_bias else []
+    out += ["seed"] if sp.seed is not None and sp.temperature > 0 else []
+    return out
+
+
+def asks_speculation(req: GenerationRequest, res: GenerationResult) -> bool:
+    """The request asked for speculation: a block with a mode other than off,
+    or no block and a loaded default that speculates (the report says requested)."""
+    if req.speculation is None:
+        return res.speculation.requested
+    return req.speculation.mode != "off"
+
+
+@dataclass
+class Tally:
+    """Reports of the results of speculative requests, summed."""
+
+    requests: int = 0  # results of requests that asked for speculation
+    unaccelerated: int = 0  # of those, served unaccelerated as declared (a control outside speculative_sampling_controls)
+    used: int = 0  # reports that say used
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    bonus_tokens: int = 0
+    corrections: int = 0
+    declared_off: list[str] = field(default_factory=list)  # the controls that made requests unaccelerated
+    _seen: set = field(default_factory=set, repr=False)
+
+    @property
+    def rejected(self) -> int:
+        return max(self.drafted - self.accepted, 0)
+
+    def add(self, req: GenerationRequest, res: GenerationResult, caps: Capabilities) -> None:
+        if id(res) in self._seen or not asks_speculation(req, res):
+            return
+        self._seen.add(id(res))
+        self.requests += 1
+        s = res.speculation
+        off = [c for c in controls_of(req.sampling) if c not in caps.speculative_sampling_controls]
+        if off and not s.used:  # served unaccelerated as declared: judges nothing of speculation, owes nothing
+            self.unaccelerated += 1
+            self.declared_off += [c for c in off if c not in self.declared_off]
+            return
+        self.used += int(s.used)
+        self.rounds += s.rounds
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.bonus_tokens += s.bonus_tokens
+        self.corrections += s.corrections
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        return out | {"rejected": self.rejected}
+
+    @property
+    def judged(self) -> int:
+        """Speculative results not declared unaccelerated."""
+        return self.requests - self.unaccelerated
+
+
+def verdict(tally: Tally | dict, needs: list[str]) -> tuple[str, str] | None:
+    """('fail' | 'skip', message) when a passing test's sample did not exercise
+    what its clause needs; None when it did, or when it made no speculative request."""
+    t = tally if isinstance(tally, dict) else tally.as_dict()
+    if not needs or not t["requests"]:
+        return None
+    judged = t["requests"] - t["unaccelerated"]
+    if not judged:
+        return ("skip", f"speculation not exercised: the backend declares {', '.join(t['declared_off'])} unaccelerated "
+                        f"(speculative_sampling_controls) for all {t['requests']} speculative requests")
+    where = f"over {judged} speculative requests ({t['used']} reported used, {t['rounds']} rounds)"
+    if "accepted" in needs and not t["accepted"]:
+        return ("fail", f"speculation not exercised: 0 of {t['drafted']} proposals accepted {where}")
+    if "rejected" in needs and not t["rejected"]:
+        return ("fail", f"rejection not exercised: 0 of {t['drafted']} proposals rejected {where}")
+    return None
+
+
+def summary(t: dict | None) -> str:
+    """A table cell: proposals accepted of drafted, rejected, speculative requests judged."""
+    if not t or not t.get("requests"):
+        return ""
+    judged = t["requests"] - t["unaccelerated"]
+    if not judged:
+        return f"unaccelerated ({t['unaccelerated']} req)"
+    return f"acc {t['accepted']}/{t['drafted']}, rej {t['rejected']}, {judged} req"
+
+
+def merge(tallies: list[dict]) -> dict | None:
+    """The clause's tally from its tests' tallies."""
+    tallies = [t for t in tallies if t]
+    if not tallies:
+        return None
+    out = {k: sum(t.get(k, 0) for t in tallies) for k in
+           ("requests", "unaccelerated", "used", "rounds", "drafted", "accepted", "bonus_tokens", "corrections",
+            "rejected")}
+    out["declared_off"] = sorted({c for t in tallies for c in t.get("declared_off", [])})
+    return out

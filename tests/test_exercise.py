@@ -1,0 +1,187 @@
+"""Evidence of exercise (issue 32, item 1): a suite test that passes on
+speculative results holding no accepted proposal judged nothing of
+speculation and fails, named; an xfails line does not cover it; a request
+the backend declared unaccelerated makes a skip naming the control; the
+report and the table carry the counts. A fake backend, no model."""
+
+import json
+import os
+
+import pytest
+
+from mtpcheck.contracts import (
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SpeculationReport,
+)
+from mtpcheck.machinery.exercise import Tally, controls_of, merge, summary, verdict
+
+pytest_plugins = ["pytester"]
+
+FAKE = '''
+from mtpcheck.contracts import Capabilities, GenerationResult, SpeculationReport
+
+
+class Fake:
+    """Greedy 'speculation' over an 8-token vocabulary; `accepted` proposals of 3 per round are accepted."""
+
+    def __init__(self, accepted):
+        self.accepted = accepted
+
+    def capabilities(self):
+        return Capabilities(name="fake", version="1.0", vocab_size=8, mtp_kinds=["embedded"], max_depth=3,
+                            speculative_sampling_controls=["temperature"])
+
+    def generate(self, req):
+        spec = req.speculation is None or req.speculation.mode != "off"
+        n = req.max_tokens
+        s = (SpeculationReport(requested=True, used=True, mode="native_mtp", runtime="fake", num_draft_tokens=3,
+                               rounds=2, drafted=6, accepted=2 * self.accepted, accept_lens=[self.accepted] * 2,
+                               draft_lens=[3, 3])
+             if spec and not req.sampling.top_k else
+             SpeculationReport(requested=spec, used=False, mode="native_mtp" if spec else "off", runtime="fake",
+                               reason="sampling_control_unsupported" if spec else "not_requested", message="no"))
+        return GenerationResult(tokens=[1] * n, text="", finish_reason="length", speculation=s)
+
+
+def dead():
+    return Fake(0)
+
+
+def live():
+    return Fake(1)
+'''
+
+DOWN = '''
+import pytest
+from mtpcheck.contracts import GenerationRequest, SamplingParams
+
+
+def ask(backend, **sp):
+    return backend.generate(GenerationRequest(prompt_tokens=[1], max_tokens=8, sampling=SamplingParams(**sp),
+                                              speculation={"mode": "native_mtp", "num_draft_tokens": 3}))
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+def test_greedy(mtp_backend):
+    assert ask(mtp_backend, temperature=0.0).tokens
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+def test_plain_only(mtp_backend):
+    mtp_backend.generate(GenerationRequest(prompt_tokens=[1], max_tokens=4, speculation=False))
+
+
+@pytest.mark.contract("STATS-CONSISTENT")
+def test_top_k(mtp_backend):
+    assert ask(mtp_backend, temperature=1.0, top_k=2).tokens
+
+
+@pytest.mark.contract("REQ-OVERRIDE")
+def test_needs_nothing(mtp_backend):
+    assert ask(mtp_backend, temperature=0.0).tokens
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+@pytest.mark.exercise(reason="a short request")
+def test_exempt(mtp_backend):
+    assert ask(mtp_backend, temperature=0.0).tokens
+'''
+
+
+@pytest.fixture
+def tree(pytester, monkeypatch):
+    pytester.makepyfile(fakeexercise=FAKE, test_down=DOWN)
+    pytester.syspathinsert()
+    monkeypatch.setenv("PYTHONPATH", f"{pytester.path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return pytester
+
+
+def run(pytester, factory, *args):
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"--mtp-backend=fakeexercise:{factory}",
+                                          f"--mtp-json={report}", *args)
+    return result, json.loads(report.read_text())
+
+
+def test_dead_speculation_cannot_read_green(tree):
+    result, data = run(tree, "dead")
+    assert result.ret == 1
+    tests = {n.split("::")[1]: t for n, t in data["tests"].items()}
+    assert tests["test_greedy"]["outcome"] == "failed"
+    assert "speculation not exercised: 0 of 6 proposals accepted over 1 speculative requests" in \
+        tests["test_greedy"]["message"]
+    assert tests["test_greedy"]["exercise"]["accepted"] == 0 and tests["test_greedy"]["exercise"]["drafted"] == 6
+    assert tests["test_plain_only"]["outcome"] == "passed"  # no speculative request: nothing owed
+    assert tests["test_plain_only"].get("exercise") is None
+    assert tests["test_needs_nothing"]["outcome"] == "passed"  # REQ-OVERRIDE judges the request, not acceptance
+    assert tests["test_exempt"]["outcome"] == "passed"  # the marker exempts it
+    # declared unaccelerated (top_k outside speculative_sampling_controls, used False): a skip naming it
+    assert tests["test_top_k"]["outcome"] == "skipped"
+    assert "declares top_k unaccelerated" in tests["test_top_k"]["message"]
+    assert data["clauses"]["GREEDY-EQUIV"]["outcome"] == "failed"
+    assert data["clauses"]["GREEDY-EQUIV"]["exercise"]["requests"] == 2
+    result.stdout.fnmatch_lines(["STATS-CONSISTENT*SKIPPED*unaccelerated (1 req)*",
+                                 "GREEDY-EQUIV*FAILED*acc 0/12, rej 12, 2 req  speculation not exercised*"])
+
+
+def test_live_speculation_passes_with_its_counts(tree):
+    result, data = run(tree, "live")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    assert data["clauses"]["GREEDY-EQUIV"]["outcome"] == "passed"
+    assert data["clauses"]["GREEDY-EQUIV"]["exercise"]["accepted"] == 4
+    result.stdout.fnmatch_lines(["GREEDY-EQUIV*PASSED*acc 4/12, rej 8, 2 req*"])
+
+
+def test_an_xfails_line_does_not_cover_not_exercised(tree):
+    (tree.path / "known.txt").write_text("test_down.py::test_greedy  # a documented law deviation\n")
+    result, data = run(tree, "dead", "--mtp-xfails-file=known.txt")
+    t = next(t for n, t in data["tests"].items() if n.endswith("::test_greedy"))
+    assert t["outcome"] == "failed"
+    assert "not the documented deviation" in t["message"] and "speculation not exercised" in t["message"]
+
+
+# -- the rule itself ------------------------------------------------------------------
+
+
+def _pair(sp: SamplingParams, used=True, drafted=6, accepted=0, spec=True):
+    req = GenerationRequest(prompt_tokens=[1], max_tokens=8, sampling=sp, speculation=spec)
+    rep = SpeculationReport(requested=spec, used=used, mode="native_mtp" if spec else "off", runtime="t",
+                            rounds=2 if used else 0, drafted=drafted, accepted=accepted,
+                            accept_lens=[accepted, 0] if used else [], draft_lens=[drafted, 0] if used else [],
+                            reason=None if used else "sampling_control_unsupported", message=None if used else "m")
+    return req, GenerationResult(tokens=[1] * 8, text="", finish_reason="length", speculation=rep)
+
+
+CAPS = Capabilities(name="t", version="1", vocab_size=8, speculative_sampling_controls=["temperature", "seed"])
+
+
+def test_rejections_are_owed_where_the_clause_is_about_them():
+    t = Tally()
+    t.add(*_pair(SamplingParams(temperature=1.0), drafted=6, accepted=6), CAPS)
+    assert verdict(t, ["accepted"]) is None
+    kind, message = verdict(t, ["accepted", "rejected"])
+    assert kind == "fail" and message.startswith("rejection not exercised: 0 of 6 proposals rejected")
+
+
+def test_a_result_counts_once_and_a_used_request_counts_whatever_was_declared():
+    t = Tally()
+    pair = _pair(SamplingParams(temperature=1.0, top_k=3), used=True, drafted=6, accepted=2)
+    t.add(*pair, CAPS)
+    t.add(*pair, CAPS)  # the same result noted again (a shared sample)
+    assert (t.requests, t.unaccelerated, t.accepted) == (1, 0, 2)  # speculated on top_k: judged
+    t.add(*_pair(SamplingParams(temperature=0.0), spec=False, used=False, drafted=0), CAPS)
+    assert t.requests == 1  # speculation off: not counted
+
+
+def test_controls_and_the_table_cell():
+    assert controls_of(SamplingParams(temperature=0.7, top_p=1.0, min_p=0.0, seed=3)) == ["temperature", "seed"]
+    assert controls_of(SamplingParams(temperature=0.0, repetition_penalty=1.1, logit_bias={1: 2.0})) == [
+        "temperature", "repetition_penalty", "logit_bias"]
+    t = Tally()
+    t.add(*_pair(SamplingParams(temperature=1.0), drafted=5, accepted=3), CAPS)
+    assert summary(t.as_dict()) == "acc 3/5, rej 2, 1 req"
+    assert summary(merge([t.as_dict(), None, t.as_dict()])) == "acc 6/10, rej 4, 2 req"
+    assert summary(None) == ""
