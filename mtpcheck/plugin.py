@@ -274,6 +274,7 @@ def _failure_side(item) -> str | None:
 
 
 def pytest_runtest_setup(item):
+    __tracebackhide__ = True
     ids = _clause_ids(item)
     if not ids:
         return
@@ -292,6 +293,29 @@ def pytest_runtest_setup(item):
     missing = missing_capabilities(backend.capabilities(), needed)
     if missing:
         pytest.skip(skip_reason(backend.capabilities(), missing))
+    caps = backend.capabilities()
+    if (caps.target_distributions or caps.raw_logits) and ("target_distributions" in needed or set(ids) & TRUTH_READERS):
+        _check_ground_truth(item.config, backend)
+
+
+# clauses that read the ground truth without requiring target_distributions (gaps, raw logits)
+TRUTH_READERS = {"CTRL-CONTRACT", "GREEDY-EQUIV"}
+STASH_TRUTH = pytest.StashKey[object]()
+
+
+def _check_ground_truth(config, backend) -> None:
+    """Once per process, before the first clause that judges against the
+    backend's ground truth: its plain path held to it (machinery.truth). A call
+    of the check that raises is the test's error and is tried again by the next."""
+    __tracebackhide__ = True
+    from mtpcheck.machinery.truth import GroundTruthError, verdict
+
+    if STASH_TRUTH not in config.stash:
+        from mtpcheck.fixture import fixture_prompts
+
+        config.stash[STASH_TRUTH] = verdict(backend, backend.capabilities(), list(fixture_prompts(backend).values()))
+    if config.stash[STASH_TRUTH]:
+        raise GroundTruthError(config.stash[STASH_TRUTH])
 
 
 @pytest.hookimpl(wrapper=True)

@@ -26,18 +26,25 @@ PAIRS = {"s,s+1": lambda b: (b, b + 1), "s,s^2^32": lambda b: (b, b ^ (1 << 32))
          "2^60+s,2^60+s+1": lambda b: (HIGH + b, HIGH + b + 1)}
 
 
+def unrelated(seed: int) -> int:
+    """A seed no careless derivation ties to `seed` or its pair partners: a 62-bit
+    mix (its low 32 bits differ too, for runtimes that keep 32)."""
+    return (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 62)
+
+
 def base_seeds(mtp_seed: int, n: int) -> list[int]:
     """Seed 0 first (often special-cased), then spread-out seeds of this run."""
     return [0] + [(mtp_seed * 7919 + 1_000_003 * r) % (1 << 40) for r in range(1, n)]
 
 
 def seed_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, seeds: list[int],
-                     rng: np.random.Generator, temperature: float = INDEPENDENCE_TEMPERATURE
-                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                     rng: np.random.Generator, temperature: float = INDEPENDENCE_TEMPERATURE,
+                     control: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """For each base seed, each pair shape and each lag: token agreement and
     PIT closeness (both radii) between the pair's two runs, concatenated over
     base seeds into one series per (pair, lag, kind). `rng` randomizes the
-    PIT values (the suite's own generator, not the backend's)."""
+    PIT values (the suite's own generator, not the backend's). `control`: each
+    pair's second seed replaced by an unrelated one (the empirical null)."""
     sp = SamplingParams(temperature=temperature)
     runs: dict[tuple[int, int], tuple] = {}
 
@@ -59,6 +66,7 @@ def seed_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, see
     for r, base in enumerate(seeds):
         for name, pair in PAIRS.items():
             a, b = pair(base)
+            b = unrelated(b) if control else b
             for key, (h, p) in run_pair_series(run(r, a), run(r, b), bool(caps.truncated_laws)).items():
                 add(f"{name} {key}", h, p)
     return series
@@ -77,12 +85,14 @@ def run_pair_series(a: tuple, b: tuple, truncated: bool) -> dict[str, tuple[np.n
 
 
 def sample_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, seeds: list[int], n: int,
-                       rng: np.random.Generator, temperature: float = INDEPENDENCE_TEMPERATURE
-                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                       rng: np.random.Generator, temperature: float = INDEPENDENCE_TEMPERATURE,
+                       control: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """SEED-SAMPLES-INDEPENDENT's series: for each base seed s, n samples of one
     request under s and n under s + 1 (generate_n); samples j and j + 1 of one
     request ("within a request") and every sample of s against every sample of
-    s + 1 ("neighbouring seeds"), concatenated by kind and lag."""
+    s + 1 ("neighbouring seeds"), concatenated by kind and lag. `control`: the
+    partner samples (j + 1 of s, and those of s + 1) come from a request under
+    an unrelated seed instead (the empirical null)."""
     sp = SamplingParams(temperature=temperature)
     series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -95,15 +105,17 @@ def sample_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, s
     for r, base in enumerate(seeds):
         prompt = prompts[r % len(prompts)]
         runs = {}
-        for s in (base, base + 1):
+        partner = unrelated(base) if control else base + 1
+        for s in (base, partner):
             req = request(prompt, n_tokens, sp.model_copy(update={"seed": s}), spec_for(caps), stop_token_ids=[])
             runs[s] = []
             for res in backend.generate_n(req, n):
                 laws = backend.target_distributions(prompt, res.tokens, sp)
                 runs[s].append((res.tokens, laws, None if caps.truncated_laws else pit_values(res.tokens, laws, rng)))
+        within = runs[partner] if control else runs[base]
         for j in range(n - 1):
-            add("within a request", run_pair_series(runs[base][j], runs[base][j + 1], bool(caps.truncated_laws)))
+            add("within a request", run_pair_series(runs[base][j], within[j + 1], bool(caps.truncated_laws)))
         for j in range(n):
             for k in range(n):
-                add("neighbouring seeds", run_pair_series(runs[base][j], runs[base + 1][k], bool(caps.truncated_laws)))
+                add("neighbouring seeds", run_pair_series(runs[base][j], runs[partner][k], bool(caps.truncated_laws)))
     return series
