@@ -1,6 +1,12 @@
 import pytest
 
-from mtpcheck.contracts import FinishEvent, SamplingParams, StopEvent, TokenEvent
+from mtpcheck.contracts import (
+    FinishEvent,
+    SamplingParams,
+    SpeculationRequest,
+    StopEvent,
+    TokenEvent,
+)
 from mtpcheck.machinery.checks import token_role
 from mtpcheck.machinery.configs import request, spec_for
 
@@ -16,19 +22,43 @@ def _published_after_stop(res):
     return [e for e in res.events[stop_at:] if isinstance(e, TokenEvent)]
 
 
+def _judge(backend, req, res, problem, record) -> None:
+    """Fail on problem(res), naming the side: the same request with speculation
+    off, held to the same rule, tells a speculative fault from the runtime's
+    own stop handling (both paths)."""
+    why = problem(res)
+    if why is None:
+        return
+    plain = backend.generate(req.model_copy(update={"speculation": SpeculationRequest(mode="off")}))
+    plain_why = problem(plain)
+    side = "both" if plain_why else "speculative"
+    record(deviating_side=side, speculative=why, plain=plain_why or "conforms")
+    pytest.fail(f"{SIDE_WORDS[side]}: {why}" + (f"; with speculation off: {plain_why}" if plain_why else ""))
+
+
+SIDE_WORDS = {"speculative": "speculative path deviates (the same request with speculation off conforms)",
+              "both": "both paths deviate (not speculative: the same request with speculation off fails the same rule)"}
+
+
 @pytest.mark.contract("STOP-IN-BLOCK")
 @pytest.mark.parametrize("depth", [1, 3, 5])
-def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, depth):
+def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, depth):
     depth = min(depth, mtp_capabilities.max_depth)
     for prompt in mtp_fixture.values():
         plain = _plain(mtp_backend, prompt, 32)
         for cut in (2, 5, 9, 17):
             eos = plain.tokens[cut]
             j = plain.tokens.index(eos)
-            res = mtp_backend.generate(request(prompt, 32, GREEDY, spec_for(mtp_capabilities, depth), stop_token_ids=[eos]))
-            assert res.tokens == plain.tokens[: j + 1], f"EOS {eos} at {j}: got {len(res.tokens)} tokens"
-            assert res.finish_reason == "stop"
-            assert not _published_after_stop(res), "token events published after the stop"
+
+            def problem(res, eos=eos, j=j, want=plain.tokens[: j + 1]):
+                if res.tokens != want:
+                    return f"EOS {eos} at {j}: got {len(res.tokens)} tokens"
+                if res.finish_reason != "stop":
+                    return f"EOS {eos} at {j}: finish_reason={res.finish_reason!r}, expected 'stop'"
+                return "token events published after the stop" if _published_after_stop(res) else None
+
+            req = request(prompt, 32, GREEDY, spec_for(mtp_capabilities, depth), stop_token_ids=[eos])
+            _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
@@ -44,33 +74,44 @@ def test_stop_token_at_the_budget_is_a_stop(mtp_backend, mtp_capabilities, mtp_f
         for cut in (1, 4, 9, 15):
             eos = plain.tokens[cut]
             j = plain.tokens.index(eos)
-            res = mtp_backend.generate(request(prompt, j + 1, GREEDY, spec_for(mtp_capabilities, depth),
-                                               stop_token_ids=[eos]))
-            where = f"stop token {eos} at index {j} = max_tokens - 1 (prompt {name}, depth {depth})"
-            assert res.tokens == plain.tokens[: j + 1], f"{where}: got {len(res.tokens)} tokens"
-            role = token_role(res, j, mtp_capabilities.first_token_from_prefill)
+            req = request(prompt, j + 1, GREEDY, spec_for(mtp_capabilities, depth), stop_token_ids=[eos])
+            res = mtp_backend.generate(req)
+            role = token_role(res, j, mtp_capabilities.first_token_from_prefill) if len(res.tokens) > j else "absent"
             roles[role] = roles.get(role, 0) + 1
-            assert res.finish_reason == "stop", (f"{where}, emitted as {role}: finish_reason={res.finish_reason!r}; "
-                                                 "a stop token ends the request as a stop, even at the budget")
-            stops = [e for e in res.events if isinstance(e, StopEvent)]
-            assert stops or not res.events, f"{where}, emitted as {role}: finish 'stop' but no stop event"
+
+            def problem(res, eos=eos, j=j, role=role, name=name, want=plain.tokens[: j + 1]):
+                where = f"stop token {eos} at index {j} = max_tokens - 1 (prompt {name}, depth {depth})"
+                if res.tokens != want:
+                    return f"{where}: got {len(res.tokens)} tokens"
+                if res.finish_reason != "stop":
+                    return (f"{where}, emitted as {role}: finish_reason={res.finish_reason!r}; a stop token ends the "
+                            "request as a stop, even at the budget")
+                stops = [e for e in res.events if isinstance(e, StopEvent)]
+                return None if stops or not res.events else f"{where}, emitted as {role}: finish 'stop' but no stop event"
+
+            _judge(mtp_backend, req, res, problem, mtp_record)
     mtp_record(stop_token_roles=roles)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
 @pytest.mark.exercise(reason="one request of a few tokens has room for a proposal or two; the stop tests carry the clause's")
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 7, 11])
-def test_max_tokens_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, max_tokens):
+def test_max_tokens_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, max_tokens):
     prompt = next(iter(mtp_fixture.values()))
     plain = _plain(mtp_backend, prompt, max_tokens)
-    res = mtp_backend.generate(request(prompt, max_tokens, GREEDY, spec_for(mtp_capabilities, 4), stop_token_ids=[]))
-    assert res.tokens == plain.tokens and len(res.tokens) == max_tokens
-    assert res.finish_reason == "length"
+
+    def problem(res):
+        if len(res.tokens) != max_tokens or res.tokens != plain.tokens[:max_tokens]:
+            return f"max_tokens {max_tokens}: got {len(res.tokens)} tokens, {res.tokens[:6]} vs plain {plain.tokens[:6]}"
+        return None if res.finish_reason == "length" else f"finish_reason={res.finish_reason!r}, expected 'length'"
+
+    req = request(prompt, max_tokens, GREEDY, spec_for(mtp_capabilities, 4), stop_token_ids=[])
+    _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
 @pytest.mark.requires("text")
-def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture):
+def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record):
     inner = getattr(mtp_backend, "backend", mtp_backend)
     checked = 0
     for prompt in mtp_fixture.values():
@@ -83,10 +124,17 @@ def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixt
             first = text.find(stop)
             # the shortest token prefix whose text contains the stop string
             n = next(i for i in range(1, len(plain.tokens) + 1) if stop in inner.decode(plain.tokens[:i]))
-            res = mtp_backend.generate(request(prompt, 32, GREEDY, spec_for(mtp_capabilities, 4), stop=[stop], stop_token_ids=[]))
-            assert res.tokens == plain.tokens[:n], f"stop {stop!r}: {len(res.tokens)} tokens, expected {n}"
-            assert res.text == text[:first], f"stop {stop!r}: text must end before the stop string"
-            assert res.finish_reason == "stop", f"finish_reason={res.finish_reason!r} after stop {stop!r}, expected 'stop'"
-            assert not _published_after_stop(res), f"stop {stop!r}: token events published after the stop"
+
+            def problem(res, stop=stop, n=n, want=plain.tokens[:n], cut=text[:first]):
+                if res.tokens != want:
+                    return f"stop {stop!r}: {len(res.tokens)} tokens, expected {n}"
+                if res.text != cut:
+                    return f"stop {stop!r}: text must end before the stop string"
+                if res.finish_reason != "stop":
+                    return f"finish_reason={res.finish_reason!r} after stop {stop!r}, expected 'stop'"
+                return f"stop {stop!r}: token events published after the stop" if _published_after_stop(res) else None
+
+            req = request(prompt, 32, GREEDY, spec_for(mtp_capabilities, 4), stop=[stop], stop_token_ids=[])
+            _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record)
             checked += 1
     assert checked, "no usable stop string in the fixture outputs"
