@@ -108,3 +108,21 @@ def test_the_shipped_lines_that_pin_a_side_pin_one_the_clause_names():
     pinned = [line for f in shipped.glob("*.txt") for line in read_id_file(f) if line.side]
     assert len(pinned) >= 20
     assert all(any(n in line.entry for n in naming) for line in pinned), [p.entry for p in pinned]
+
+
+@pytest.mark.parametrize("mutant, side", [("penalty-history-without-prompt", "both"),
+                                          ("plain-penalty-history-without-prompt", "plain")])
+def test_mlx_lm_releases_bugs_are_not_its_documented_deviation(pytester, mutant, side):
+    """mlx-lm 0.31.2 (both paths leave the prompt out of the penalty history) and 0.31.1 (the plain path
+    alone), as zoo mutants of the reference, judged with the shipped mlx-lm file: its L1 lines document a
+    speculative-only deviation, so CTRL-CONTRACT fails naming the side instead of reading xfailed."""
+    report = pytester.path / "r.json"
+    pytester.runpytest_subprocess(
+        "--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "--mtp-backend=mtpcheck.mutants:load_mutant",
+        f"--mtp-backend-option=name={mutant}", "--mtp-backend-option=base=mlx", "--mtp-clauses=CTRL-CONTRACT",
+        "-k", "presence_penalty", "--mtp-xfails-file=mlx-lm", f"--mtp-json={report}")
+    data = json.loads(report.read_text())
+    row = data["clauses"]["CTRL-CONTRACT"]
+    assert row["outcome"] == "failed", row
+    assert row["notes"][0].startswith(f"not the documented deviation: deviating side {side}, the xfails line "
+                                      "documents side=speculative")
