@@ -272,6 +272,7 @@ def test_mtp_record_without_a_contract_marker_is_recorded(tree):
     _, data = run(tree, BACKEND, "test_down.py", "test_plain.py")
     assert data["tests"]["test_plain.py::test_plain"] == {
         "clauses": [], "outcome": "passed", "message": "", "evidence": [{"speedup": 1.5}], "exercise": None,
+        "deviating_side": None,
         "duration_s": data["tests"]["test_plain.py::test_plain"]["duration_s"]}
 
 

@@ -49,6 +49,9 @@ class TestRecord(_Model):
     duration_s: float
     evidence: list[dict[str, Any]] = Field(default_factory=list, description="mtp_record(...) calls, in order")
     exercise: Exercise | None = Field(None, description="null: the test received no speculative result")
+    deviating_side: Literal["speculative", "plain", "both"] | None = Field(
+        None, description="the side a failing test named: the speculative path, the plain path, or both (a finding"
+        " of the runtime, not of speculation); null where it named none")
 
 
 class ClauseRecord(_Model):
@@ -59,6 +62,8 @@ class ClauseRecord(_Model):
     notes: list[str] = Field(description="messages of the tests that decided the outcome")
     evidence: list[dict[str, Any]]
     exercise: Exercise | None = Field(None, description="its tests' exercise, summed; null: no speculative result")
+    deviating_sides: list[Literal["speculative", "plain", "both"]] = Field(
+        default_factory=list, description="the sides its tests named, each once")
 
 
 class BackendRecord(_Model):

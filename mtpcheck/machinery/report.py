@@ -308,6 +308,9 @@ class RunRecorder:
         entry["evidence"] = evidence
         if exercise is not None:
             entry["exercise"] = exercise
+        side = next((e[SIDE_PROPERTY] for e in reversed(evidence) if e.get(SIDE_PROPERTY) in SIDES), None)
+        if side:
+            entry["deviating_side"] = side
 
     def pytest_collectreport(self, report):
         if report.failed and "collection error" not in self.reasons:
@@ -383,7 +386,9 @@ class RunRecorder:
             out[clause.id] = {"title": clause.title, "kind": clause.kind, "outcome": worst,
                               "tests": {n: t["outcome"] for n, t in tests.items()}, "notes": notes,
                               "evidence": [e for t in tests.values() for e in t["evidence"]],
-                              "exercise": merge_exercise([t.get("exercise") for t in tests.values()])}
+                              "exercise": merge_exercise([t.get("exercise") for t in tests.values()]),
+                              "deviating_sides": sorted({t["deviating_side"] for t in tests.values()
+                                                         if t.get("deviating_side")})}
         return out
 
     def not_run(self) -> dict:
