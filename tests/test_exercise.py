@@ -185,3 +185,17 @@ def test_controls_and_the_table_cell():
     assert summary(t.as_dict()) == "acc 3/5, rej 2, 1 req"
     assert summary(merge([t.as_dict(), None, t.as_dict()])) == "acc 6/10, rej 4, 2 req"
     assert summary(None) == ""
+
+
+def test_results_without_round_statistics_are_not_observed_rather_than_dead():
+    """vLLM's n > 1: its counters are per response, so each sample says used with no rounds."""
+    t2 = Tally()
+    req, res = _pair(SamplingParams(temperature=1.0), used=True, drafted=0, accepted=0)
+    res = res.model_copy(update={"speculation": res.speculation.model_copy(update={"rounds": 0, "accept_lens": [],
+                                                                                    "draft_lens": []})})
+    t2.add(req, res, CAPS)
+    assert t2.unobserved == 1
+    kind, message = verdict(t2, ["accepted"])
+    assert kind == "skip" and message.startswith("speculation not observed")
+    t2.add(*_pair(SamplingParams(temperature=1.0), used=True, drafted=4, accepted=0), CAPS)  # one observed, dead
+    assert verdict(t2, ["accepted"])[0] == "fail"

@@ -32,6 +32,8 @@ class Exercise(_Model):
     unaccelerated: int = Field(description="of those, declared unaccelerated (a control outside "
                                            "speculative_sampling_controls): not counted below")
     used: int = Field(description="reports that say used")
+    unobserved: int = Field(0, description="of those, reports with no round statistics at all (a runtime that counts"
+                                           " per response, not per sample): speculation claimed, nothing observed")
     rounds: int
     drafted: int
     accepted: int

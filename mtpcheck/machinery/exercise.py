@@ -53,6 +53,7 @@ class Tally:
     requests: int = 0  # results of requests that asked for speculation
     unaccelerated: int = 0  # of those, served unaccelerated as declared (a control outside speculative_sampling_controls)
     used: int = 0  # reports that say used
+    unobserved: int = 0  # of those, with no round statistics at all (a runtime that counts per response, not per sample)
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -77,6 +78,7 @@ class Tally:
             self.declared_off += [c for c in off if c not in self.declared_off]
             return
         self.used += int(s.used)
+        self.unobserved += int(s.used and not s.rounds and not s.drafted)
         self.rounds += s.rounds
         self.drafted += s.drafted
         self.accepted += s.accepted
@@ -103,6 +105,9 @@ def verdict(tally: Tally | dict, needs: list[str]) -> tuple[str, str] | None:
     if not judged:
         return ("skip", f"speculation not exercised: the backend declares {', '.join(t['declared_off'])} unaccelerated "
                         f"(speculative_sampling_controls) for all {t['requests']} speculative requests")
+    if t.get("unobserved") and t["unobserved"] == judged:
+        return ("skip", f"speculation not observed: all {judged} speculative results report used with no round "
+                        "statistics (the backend does not count per result here): nothing shows what was accepted")
     where = f"over {judged} speculative requests ({t['used']} reported used, {t['rounds']} rounds)"
     if "accepted" in needs and not t["accepted"]:
         return ("fail", f"speculation not exercised: 0 of {t['drafted']} proposals accepted {where}")
@@ -127,7 +132,7 @@ def merge(tallies: list[dict]) -> dict | None:
     if not tallies:
         return None
     out = {k: sum(t.get(k, 0) for t in tallies) for k in
-           ("requests", "unaccelerated", "used", "rounds", "drafted", "accepted", "bonus_tokens", "corrections",
-            "rejected")}
+           ("requests", "unaccelerated", "used", "unobserved", "rounds", "drafted", "accepted", "bonus_tokens",
+            "corrections", "rejected")}
     out["declared_off"] = sorted({c for t in tallies for c in t.get("declared_off", [])})
     return out
