@@ -10,7 +10,7 @@ the plugin turns a pass on an unexercised sample into a named failure
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
 
@@ -60,7 +60,7 @@ class Tally:
     bonus_tokens: int = 0
     corrections: int = 0
     declared_off: list[str] = field(default_factory=list)  # the controls that made requests unaccelerated
-    _seen: set = field(default_factory=set, repr=False)
+    _seen: dict = field(default_factory=dict, repr=False)  # id -> result, held so that an id is never reused
 
     @property
     def rejected(self) -> int:
@@ -69,7 +69,7 @@ class Tally:
     def add(self, req: GenerationRequest, res: GenerationResult, caps: Capabilities) -> None:
         if id(res) in self._seen or not asks_speculation(req, res):
             return
-        self._seen.add(id(res))
+        self._seen[id(res)] = res
         self.requests += 1
         s = res.speculation
         off = [c for c in controls_of(req.sampling) if c not in caps.speculative_sampling_controls]
@@ -86,7 +86,8 @@ class Tally:
         self.corrections += s.corrections
 
     def as_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if not k.startswith("_")}
+        out["declared_off"] = list(self.declared_off)
         return out | {"rejected": self.rejected}
 
     @property
