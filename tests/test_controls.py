@@ -48,7 +48,8 @@ def run_clause(backend, control: str):
 def run_old_clause(backend, control: dict):
     g = Guarded(backend, timeout=None)
     try:
-        suite_report.test_unsupported_controls_are_never_silently_ignored(g, g.capabilities(), fixture_of(g), control)
+        suite_report.test_unsupported_controls_are_never_silently_ignored(g, g.capabilities(), fixture_of(g),
+                                                                          lambda **e: None, control)
     except AssertionError as exc:
         return "failed", str(exc)
     except pytest.fail.Exception as exc:
@@ -203,8 +204,9 @@ SIDES = {"penalty-history-without-prompt": "both", "plain-penalty-history-withou
 def test_each_history_mutant_fails_naming_its_side(name):
     backend = mutant(name)
     for control in PENALTIES:
-        outcome, message, [ev] = run_clause(backend, control)
+        outcome, message, [ev, named] = run_clause(backend, control)
         assert outcome == "failed" and message.startswith(f"{control}: deviating path: {SIDES[name]}; "), message
+        assert named == {"deviating_side": SIDES[name]}  # what a pinned xfails line is held to
         wrong = [p for p in ("speculative", "plain") if SIDES[name] in ("both", p)]
         for p in ("speculative", "plain"):
             first = ev[p]["first_deviation"]
@@ -225,12 +227,13 @@ def test_the_shared_bug_passes_the_old_clause_and_fails_the_new_naming_both():
     assert outcome == "failed" and "deviating path: both;" in message
 
 
-def test_a_plain_path_bug_is_blamed_on_speculation_by_the_old_clause_only(toy):
-    """mlx-lm 0.31.1's case: the path comparison says speculation differs; the
-    contract's law says the plain path is wrong."""
+def test_a_plain_path_bug_is_named_plain_by_both_clauses(toy):
+    """mlx-lm 0.31.1's case: the path comparison sees the outputs differ; the
+    contract's law, from the raw logits, says the plain path is wrong - in
+    REPORT-NO-SILENT-FALLBACK's message too (it used to say speculation differs)."""
     backend = mutant("plain-penalty-history-without-prompt")
     outcome, message = run_old_clause(backend, {"repetition_penalty": 2.0})
-    assert outcome == "failed" and "speculative output differs from target-only output" in message
+    assert outcome == "failed" and "differs from target-only output: deviating side plain" in message
     outcome, message, _ = run_clause(backend, "repetition_penalty")
     assert outcome == "failed" and message.startswith("repetition_penalty: deviating path: plain; speculative: conforms")
 

@@ -2,15 +2,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtpcheck.machinery.checks import stats_problems
+from mtpcheck.contracts import SpeculationRequest
+from mtpcheck.machinery.checks import finish_problems, stats_problems
 from mtpcheck.machinery.configs import request, spec_for
 from mtpcheck.machinery.strategies import sampling_params
 
+SIDE_WORDS = {"speculative": "speculative path deviates", "both": "both paths deviate (not speculative: the same "
+              "request with speculation off breaks the same finish rule)"}
+
 
 @pytest.mark.contract("STATS-CONSISTENT")
-def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
+def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed,
+                                          mtp_record):
     """Hypothesis drives sampling controls, depths, budgets and prompts; every
-    report must agree with itself and with the emitted tokens."""
+    report must agree with itself and with the emitted tokens. A broken finish
+    rule (budget, stop) names its side: the same request with speculation off
+    held to the same rules; the statistics are speculation's own."""
 
     @settings(max_examples=mtp_profile.hypothesis_examples, phases=mtp_profile.hypothesis_phases(),
               deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -21,6 +28,13 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
                       spec_for(mtp_capabilities, depth))
         res = mtp_backend.generate(req)
         problems = stats_problems(res, req, mtp_capabilities)
-        assert not problems, "; ".join(problems)
+        if not problems:
+            return
+        side = "speculative"
+        if finish_problems(res, req, mtp_capabilities):
+            off = req.model_copy(update={"speculation": SpeculationRequest(mode="off")})
+            side = "both" if finish_problems(mtp_backend.generate(off), off, mtp_capabilities) else "speculative"
+        mtp_record(deviating_side=side)
+        raise AssertionError(f"{SIDE_WORDS[side]}: " + "; ".join(problems))
 
     check()
