@@ -18,11 +18,11 @@ from mtpcheck.machinery.report import (
     CLAUSE_PROPERTY,
     EVIDENCE_PROPERTY,
     EXERCISE_PROPERTY,
-    SIDE_PROPERTY,
     XFAIL_SECTION,
     RunRecorder,
     is_clause_failure,
     match_lines,
+    side_of,
     to_plain,
 )
 
@@ -268,9 +268,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def _failure_side(item) -> str | None:
-    """The deviating side a failing test named (mtp_record(deviating_side=...)), its last word."""
-    sides = [json.loads(v).get(SIDE_PROPERTY) for k, v in item.user_properties if k == EVIDENCE_PROPERTY]
-    return next((x for x in reversed(sides) if x), None)
+    return side_of([json.loads(v) for k, v in item.user_properties if k == EVIDENCE_PROPERTY])
 
 
 def pytest_runtest_setup(item):
@@ -333,16 +331,17 @@ def pytest_runtest_call(item):
     try:
         result = yield
     finally:
-        if tally is not None and tally.requests:
-            item.user_properties.append((EXERCISE_PROPERTY, json.dumps(tally.as_dict())))
-    if tally is not None:
+        counts = tally.as_dict() if tally is not None else None
+        if counts and counts["requests"]:
+            item.user_properties.append((EXERCISE_PROPERTY, json.dumps(counts)))
+    if counts:
         from mtpcheck.catalogue import load_catalogue
         from mtpcheck.machinery.exercise import NotExercised, verdict
 
         marker = item.get_closest_marker("exercise")
         clauses = load_catalogue().by_id()
         needs = list(marker.args) if marker else sorted({n for i in ids if i in clauses for n in clauses[i].exercise})
-        found = verdict(tally, needs)
+        found = verdict(counts, needs)
         if found and found[0] == "skip":
             pytest.skip(found[1])
         if found:

@@ -161,8 +161,8 @@ CAPS = Capabilities(name="t", version="1", vocab_size=8, speculative_sampling_co
 def test_rejections_are_owed_where_the_clause_is_about_them():
     t = Tally()
     t.add(*_pair(SamplingParams(temperature=1.0), drafted=6, accepted=6), CAPS)
-    assert verdict(t, ["accepted"]) is None
-    kind, message = verdict(t, ["accepted", "rejected"])
+    assert verdict(t.as_dict(), ["accepted"]) is None
+    kind, message = verdict(t.as_dict(), ["accepted", "rejected"])
     assert kind == "fail" and message.startswith("rejection not exercised: 0 of 6 proposals rejected")
 
 
@@ -195,7 +195,7 @@ def test_results_without_round_statistics_are_not_observed_rather_than_dead():
                                                                                     "draft_lens": []})})
     t2.add(req, res, CAPS)
     assert t2.unobserved == 1
-    kind, message = verdict(t2, ["accepted"])
+    kind, message = verdict(t2.as_dict(), ["accepted"])
     assert kind == "skip" and message.startswith("speculation not observed")
     t2.add(*_pair(SamplingParams(temperature=1.0), used=True, drafted=4, accepted=0), CAPS)  # one observed, dead
-    assert verdict(t2, ["accepted"])[0] == "fail"
+    assert verdict(t2.as_dict(), ["accepted"])[0] == "fail"

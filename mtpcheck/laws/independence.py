@@ -46,8 +46,8 @@ from scipy.special import logsumexp
 
 from .stats import TestResult
 
-__all__ = ["EMPIRICAL_ALPHA", "LAMBDAS", "acceptance_series", "agreement_series", "closeness_series", "coincidence_test", "log_evalue",
-           "pit_values", "series_p_value", "series_test"]
+__all__ = ["EMPIRICAL_ALPHA", "LAMBDAS", "acceptance_series", "agreement_series", "closeness_series",
+           "coincidence_test", "log_evalue", "pit_values", "series_p_value", "series_test"]
 
 # Bets on "more coincidences than the null allows": small lambdas win on a
 # weak excess over many steps, large ones on a strong excess over few.

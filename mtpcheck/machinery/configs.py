@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpcheck.contracts import GenerationRequest, SamplingParams
+from mtpcheck.contracts import GenerationRequest, SamplingParams, SpeculationRequest
 from mtpcheck.laws.stats import SUITE_ALPHA
 
 # -- the budget ----------------------------------------------------------------
@@ -82,6 +82,11 @@ def request(prompt, max_tokens, sp: SamplingParams, spec=None, **kw) -> Generati
     return GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens, sampling=sp, speculation=spec, **kw)
 
 
+def without_speculation(req: GenerationRequest) -> GenerationRequest:
+    """The same request on the plain path: what names the side of a failure."""
+    return req.model_copy(update={"speculation": SpeculationRequest(mode="off")})
+
+
 def seeded(sp: SamplingParams, seed: int) -> SamplingParams:
     return sp.model_copy(update={"seed": seed})
 
@@ -127,4 +132,5 @@ __all__ = [
     "seeded",
     "skip_unless_depth",
     "spec_for",
+    "without_speculation",
 ]

@@ -20,10 +20,6 @@ class NotExercised(Exception):
     verdict of its own, never a documented deviation (an xfails line does not cover it)."""
 
 
-# what a clause's sample must hold to judge speculation (catalogue field `exercise`)
-NEEDS = ("accepted", "rejected")
-
-
 def controls_of(sp: SamplingParams) -> list[str]:
     """The non-neutral controls of a request, by the names Capabilities uses."""
     out = ["temperature"]
@@ -90,16 +86,11 @@ class Tally:
         out["declared_off"] = list(self.declared_off)
         return out | {"rejected": self.rejected}
 
-    @property
-    def judged(self) -> int:
-        """Speculative results not declared unaccelerated."""
-        return self.requests - self.unaccelerated
 
-
-def verdict(tally: Tally | dict, needs: list[str]) -> tuple[str, str] | None:
-    """('fail' | 'skip', message) when a passing test's sample did not exercise
-    what its clause needs; None when it did, or when it made no speculative request."""
-    t = tally if isinstance(tally, dict) else tally.as_dict()
+def verdict(t: dict, needs: list[str]) -> tuple[str, str] | None:
+    """('fail' | 'skip', message) when a passing test's sample (Tally.as_dict())
+    did not exercise what its clause needs; None when it did, or when it made no
+    speculative request."""
     if not needs or not t["requests"]:
         return None
     judged = t["requests"] - t["unaccelerated"]

@@ -83,6 +83,11 @@ SIDES = ("speculative", "plain", "both")
 SIDE_PROPERTY = "deviating_side"  # the evidence key a failing test names its side with (mtp_record)
 
 
+def side_of(evidence: list[dict]) -> str | None:
+    """The side a test's evidence names last (mtp_record(deviating_side=...)), or None."""
+    return next((e[SIDE_PROPERTY] for e in reversed(evidence) if e.get(SIDE_PROPERTY) in SIDES), None)
+
+
 class IdLine(NamedTuple):
     """One xfails/skips line: a node-id prefix or clause id, the reason (its
     comment) and, optionally, the side of the deviation it documents (`side=`)."""
@@ -308,7 +313,7 @@ class RunRecorder:
         entry["evidence"] = evidence
         if exercise is not None:
             entry["exercise"] = exercise
-        side = next((e[SIDE_PROPERTY] for e in reversed(evidence) if e.get(SIDE_PROPERTY) in SIDES), None)
+        side = side_of(evidence)
         if side:
             entry["deviating_side"] = side
 

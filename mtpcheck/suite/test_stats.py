@@ -2,9 +2,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtpcheck.contracts import SpeculationRequest
 from mtpcheck.machinery.checks import finish_problems, stats_problems
-from mtpcheck.machinery.configs import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for, without_speculation
 from mtpcheck.machinery.strategies import sampling_params
 
 SIDE_WORDS = {"speculative": "speculative path deviates", "both": "both paths deviate (not speculative: the same "
@@ -32,7 +31,7 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
             return
         side = "speculative"
         if finish_problems(res, req, mtp_capabilities):
-            off = req.model_copy(update={"speculation": SpeculationRequest(mode="off")})
+            off = without_speculation(req)
             side = "both" if finish_problems(mtp_backend.generate(off), off, mtp_capabilities) else "speculative"
         mtp_record(deviating_side=side)
         raise AssertionError(f"{SIDE_WORDS[side]}: " + "; ".join(problems))

@@ -1,14 +1,8 @@
 import pytest
 
-from mtpcheck.contracts import (
-    FinishEvent,
-    SamplingParams,
-    SpeculationRequest,
-    StopEvent,
-    TokenEvent,
-)
+from mtpcheck.contracts import FinishEvent, SamplingParams, StopEvent, TokenEvent
 from mtpcheck.machinery.checks import token_role
-from mtpcheck.machinery.configs import request, spec_for
+from mtpcheck.machinery.configs import request, spec_for, without_speculation
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -29,7 +23,7 @@ def _judge(backend, req, res, problem, record) -> None:
     why = problem(res)
     if why is None:
         return
-    plain = backend.generate(req.model_copy(update={"speculation": SpeculationRequest(mode="off")}))
+    plain = backend.generate(without_speculation(req))
     plain_why = problem(plain)
     side = "both" if plain_why else "speculative"
     record(deviating_side=side, speculative=why, plain=plain_why or "conforms")
