@@ -1,6 +1,6 @@
 """Exact laws of speculative decoding on toy models, in float64.
 
-"Exact before statistical" (ARCHITECTURE.md, Statistics policy): where the
+"Exact before statistical" (docs/statistics.md): where the
 law of the emitted stream can be enumerated, compare it with the target law
 directly instead of sampling. Three levels:
 
