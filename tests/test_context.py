@@ -132,6 +132,20 @@ def test_targets_come_from_the_pilot_and_a_tilt_there_fails_the_targeted_stage()
     assert out.acceptance == {"a": 0.5, "b": 0.5, "c": 0.5}
 
 
+@pytest.mark.parametrize("plain_bad", [False, True])
+def test_a_failure_is_judged_again_on_the_plain_path(plain_bad):
+    """The failing stage's requests drawn again with speculation off and judged
+    by the same test: a plain path that keeps the law passes (the deviation is
+    speculation's), one that shares the tilt fails too (both paths)."""
+    f = _Fake(bad={"b"}, delta=0.12)
+    out = ctx.staged_test(f.sample, f.laws, list(f.prompts), 1, pilot=150, runs=1200, alpha=1e-7, targets=1)
+    assert out.failed and out.failed_requests == {"b": 1200 if out.failed[0] == "targeted" else 2400}
+    plain = _Fake(bad={"b"} if plain_bad else (), delta=0.12, seed=9)
+    r = ctx.plain_test(plain.sample, plain.laws, out, 1, alpha=1e-6)
+    assert plain.calls == [out.failed_requests]
+    assert r.passed is not plain_bad, r
+
+
 def test_a_correct_backend_passes_every_stage():
     f = _Fake(seed=4)
     out = ctx.staged_test(f.sample, f.laws, list(f.prompts), 1, pilot=100, runs=600, alpha=1e-7, targets=2)

@@ -121,6 +121,7 @@ class Staged:
     acceptance: dict[str, float | None] = field(default_factory=dict)
     targets: list[str] = field(default_factory=list)
     failed: tuple[str, TestResult] | None = None
+    failed_requests: dict[str, int] = field(default_factory=dict)  # per prompt, in the failing stage
     used: bool = True  # speculation ran on the pilot's requests
 
 
@@ -152,7 +153,8 @@ def staged_test(sample: Callable[[dict[str, int]], list[Draw]], laws: Callable[[
         if r.df:
             out.scores[name] = round((r.statistic - r.df) / (2 * r.df) ** 0.5, 3)
     if not a.passed:
-        out.failed = ("pilot", a)
+        # the plain path is judged on at least the targeted stage's sample: a pilot's contexts are sparse
+        out.failed, out.failed_requests = ("pilot", a), split(max(runs, pilot * len(prompts)), prompts)
     if out.failed or not out.scores:
         return out
     out.targets = pick_targets(out.scores, targets)
@@ -160,14 +162,24 @@ def staged_test(sample: Callable[[dict[str, int]], list[Draw]], laws: Callable[[
     _, b = test(draws_b, alpha if a.n else 2 * alpha)  # an empty pilot's share moves on
     out.stages.append({"stage": "targeted", "prompts": out.targets, "requests": len(draws_b), **brief(b)})
     if not b.passed:
-        out.failed = ("targeted", b)
+        out.failed, out.failed_requests = ("targeted", b), split(runs, out.targets)
     elif b.p_value <= suspicious and escalate > 1:
         draws_c = draws_b + sample(split((escalate - 1) * runs, out.targets))
         _, c = test(draws_c)
         out.stages.append({"stage": "escalated", "prompts": out.targets, "requests": len(draws_c), **brief(c)})
         if not c.passed:
-            out.failed = ("escalated", c)
+            out.failed, out.failed_requests = ("escalated", c), split(escalate * runs, out.targets)
     return out
+
+
+def plain_test(sample_plain: Callable[[dict[str, int]], list[Draw]],
+               laws: Callable[[list[int], list[int]], np.ndarray], out: Staged, first: int, alpha: float,
+               excuse: Callable[[list[int], list[int], int], bool] | None = None) -> TestResult:
+    """The failing stage's requests again with speculation off, judged by the
+    same test: a plain path that fails it too makes the deviation not
+    speculation's. Drawn only after a failure."""
+    groups = context_draws(laws, sample_plain(out.failed_requests), first, excuse=excuse)
+    return context_gtest([d for ds in groups.values() for d in ds], alpha=alpha)
 
 
 def brief(r: TestResult) -> dict:

@@ -19,6 +19,12 @@ from mtpcheck.machinery.configs import (
     spec_for,
 )
 
+# A failure names its side as DIST-EQUIV's does (test_distribution.py): the failing stage's
+# requests again with speculation off, at the same label alpha.
+SIDE_ALPHA = 1e-6
+SIDE_WORDS = {"speculative": "speculative path deviates",
+              "both": "both paths deviate (not speculative: the plain path fails the same test)"}
+
 # Three stages share one DIST_ALPHA (union bound; mtpcheck/machinery/configs.py):
 # the pilot over every prompt, the targeted sample, and its escalation when the
 # targeted p-value is suspicious.
@@ -59,15 +65,20 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
         pytest.skip("speculation was not used for this configuration's short requests (see REPORT-HONEST)")
     if out.failed:
         stage, r = out.failed
+        plain = ctx.plain_test(lambda per_prompt: ctx.draw(mtp_backend, caps, mtp_fixture, per_prompt, sp, False, seeds),
+                               lambda prompt, cont: mtp_backend.target_distributions(prompt, cont, sp),
+                               out, ctx.lead(caps), SIDE_ALPHA, excuse=excuse)
+        side = "both" if plain.p_value < SIDE_ALPHA else "speculative"
+        mtp_record(deviating_side=side, plain=ctx.brief(plain))
         tops = r.details.get("top_contexts") or []
         where = ""
         if tops:
             t = tops[0]
             where = (f"; most deviant context {t['context']}: n={t['n']}, TV {t['tv']}, token {t['most_over']['token']}"
                      f" drawn at rate {t['most_over']['observed']} vs target {t['most_over']['target']}")
-        pytest.fail(f"{stage} stage: tokens at fixed contexts do not follow the target law: {r.note}; "
-                    f"p={r.p_value:.3g} < alpha={r.alpha:.2g} (G={r.statistic:.1f}, df={r.df}, n={r.n}){where}",
-                    pytrace=False)
+        pytest.fail(f"{SIDE_WORDS[side]}: {stage} stage: tokens at fixed contexts do not follow the target law: "
+                    f"{r.note}; p={r.p_value:.3g} < alpha={r.alpha:.2g} (G={r.statistic:.1f}, df={r.df}, n={r.n}){where}"
+                    f"; speculation off, same requests: p={plain.p_value:.3g} (n={plain.n})", pytrace=False)
     if not out.targets:
         pytest.skip(f"no fixture prompt reached a context with two cells of expected count {CONTEXT_PILOT_MIN_EXPECTED} in "
                     f"{prof.context_pilot} short requests: every first speculative position is (nearly) one-hot")

@@ -167,8 +167,22 @@ def test_logprobs_are_the_targets(mtp_backend, mtp_capabilities, samples, mtp_re
     if config is None:
         pytest.skip("speculation was not used in any sampling configuration (see REPORT-HONEST)")
     mtp_record(config=config)
-    problems = []
-    for r, (prompt, res) in enumerate(samples(config)[:10]):
-        laws = mtp_backend.target_distributions(prompt, res.tokens, DIST_CONFIGS[config])
-        problems += [f"run {r}, {p}" for p in logprob_problems(res, np.asarray(laws), mtp_capabilities.logprob_tolerance)]
-    assert not problems, f"{len(problems)} logprobs differ from the target law: " + "; ".join(problems[:5])
+
+    def problems_of(pairs):
+        found = []
+        for r, (prompt, res) in enumerate(pairs):
+            laws = mtp_backend.target_distributions(prompt, res.tokens, DIST_CONFIGS[config])
+            found += [f"run {r}, {p}" for p in logprob_problems(res, np.asarray(laws), mtp_capabilities.logprob_tolerance)]
+        return found
+
+    problems = problems_of(samples(config)[:10])
+    if not problems:
+        return
+    # the side: the same seeded requests with speculation off, checked alike (an exact check: no alpha)
+    plain = problems_of(samples(config, 10, plain=True)[:10])
+    side = "both" if plain else "speculative"
+    mtp_record(deviating_side=side, plain_problems=plain[:5])
+    also = f"; speculation off: {len(plain)} differ too ({'; '.join(plain[:2])})" if plain else \
+        "; speculation off: every logprob is the target's"
+    assert not problems, (f"{SIDE_WORDS[side]}: {len(problems)} logprobs differ from the target law: "
+                          + "; ".join(problems[:5]) + also)
