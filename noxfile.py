@@ -15,7 +15,7 @@ def tests(session):
 @nox.session
 def lint(session):
     session.install("ruff")
-    session.run("ruff", "check", "mtpcheck", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "mtpcheck", "research", "tests", "benchmarks", "noxfile.py")
 
 
 @nox.session

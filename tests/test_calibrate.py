@@ -3,7 +3,7 @@ evidence the suite records, and a rate that does not fit its level fails."""
 
 import numpy as np
 
-from mtpcheck.measurement.calibrate import coincidence_ratios, rate_row, render, suite_pvalues
+from research.calibrate import coincidence_ratios, rate_row, render, suite_pvalues
 
 
 def _run(rng, seed, g_p=None):
@@ -53,7 +53,7 @@ def test_the_report_says_so():
 def test_a_rerun_after_a_fix_replaces_its_run_and_the_page_says_so(tmp_path):
     import json
 
-    from mtpcheck.measurement.calibrate import main
+    from research.calibrate import main
 
     rng = np.random.default_rng(4)
     runs = [_run(rng, s) for s in range(3)]

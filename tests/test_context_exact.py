@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mtpcheck.engine.acceptance import get_rule
-from mtpcheck.measurement.context_exact import ExactContexts, emitted_law, simulate
+from research.context_exact import ExactContexts, emitted_law, simulate
 
 
 def _law(rng, v, conc=0.5):

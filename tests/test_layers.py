@@ -13,10 +13,13 @@ Rules: the graph has no cycle; no adapter of mtpcheck/backends imports another
 (suite, plugin, cli) imports only what is below it (LOWER) - in particular the
 engine does not know the suite's machinery (the scheduling protocol it
 implements is a contract), the machinery knows no fixture and no concrete
-backend, the fixture no backend, the measurement programs no test module;
-nothing imports the suite; and the package's top level holds no alias modules
-(the old mtpcheck.checks & co. are gone: the canonical paths are
-mtpcheck.machinery.*).
+backend, the fixture no backend; nothing imports the suite; and the
+package's top level holds no alias modules (the old mtpcheck.checks & co. are
+gone: the canonical paths are mtpcheck.machinery.*).
+
+The research programs (research/ in the checkout, not shipped) sit above the
+package: they may import any of it but the suite's test modules, and nothing
+in the package imports them (an installed mtpcheck has no research/).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mtpcheck"
+RESEARCH = ROOT / "research"
 
 # layer -> the top-level parts of mtpcheck it may import (besides itself);
 # "__init__" is the package mtpcheck itself, "backend" the Backend protocol
@@ -50,13 +54,12 @@ LOWER = {
     "machinery": {"contracts", "catalogue", "laws", "engine", "backends", "backend"},
     "backends": {"contracts", "engine", "fixture", "inspect", "backend", "__init__"},
     # data the adapters read: it loads its models with the engine, and does
-    # not measure itself through the adapters (mtpcheck.measurement.real_acceptance does)
+    # not measure itself through the adapters (research.real_acceptance does)
     "fixture": {"contracts", "engine"},
     "mutants": {"contracts", "catalogue", "laws", "inspect", "engine", "machinery", "backends", "backend",
                 "fixture", "__init__"},
-    # the statistical plan they measure is mtpcheck.machinery.configs, not a test module
-    "measurement": {"contracts", "catalogue", "laws", "inspect", "engine", "machinery", "backends", "backend",
-                    "fixture", "mutants", "__init__"},
+    # what `mtpcheck bench` runs: a loaded backend timed on the fixture's prompts
+    "measurement": {"contracts", "backends", "backend", "fixture"},
 }
 TOP = {"suite", "plugin", "cli"}
 # the package's own top-level modules: no alias of a moved module among them
@@ -215,7 +218,7 @@ def test_every_layer_is_placed():
 
 def test_nothing_imports_the_suite():
     """The suite's modules are collected by pytest, not imported: what a
-    measurement or a mutant needs of it lives in mtpcheck.machinery.configs."""
+    research program or a mutant needs of it lives in mtpcheck.machinery.configs."""
     edges = graph()
     bad = sorted(f"{m} -> {t}" for m, ts in edges.items() if layer(m) != "suite"
                  for t in ts if layer(t) == "suite")
@@ -237,3 +240,49 @@ def test_no_alias_modules_at_the_top_level():
     may appear beside the package's own top-level modules."""
     top = {m for m in modules() if m.count(".") <= 1 and not modules()[m][1]} | {"mtpcheck"}
     assert top == TOP_LEVEL_MODULES, f"unexpected top-level modules: {sorted(top - TOP_LEVEL_MODULES)}"
+
+
+def named(path: Path) -> set[str]:
+    """Every dotted name the imports of one file name, relative ones made
+    absolute, whether or not it is a module of the package: the graph above
+    keeps only the package's own modules, so it cannot see an import of research."""
+    current, is_package = module_name(path)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                base = current.split(".") if is_package else current.split(".")[:-1]
+                source = ".".join(base[: len(base) - node.level + 1] + ([source] if source else []))
+            found |= {source} | {f"{source}.{a.name}" for a in node.names}
+    return found
+
+
+def research_programs() -> list[Path]:
+    return sorted(RESEARCH.glob("*.py"))
+
+
+def test_the_research_walker_sees_the_imports_it_must():
+    assert "research.power.pool" in named(RESEARCH / "profile_power.py")
+    assert "mtpcheck.machinery.configs" in named(RESEARCH / "power.py")  # inside a function
+    assert "research.write_section" in named(RESEARCH / "context_exact.py")
+
+
+def test_the_package_never_imports_research():
+    """research/ is not shipped: an import of it from the package would work
+    from a checkout and fail in every installed copy."""
+    bad = sorted(f"{name} -> {n}" for name, (path, _) in modules().items()
+                 for n in named(path) if n.split(".")[0] == "research")
+    assert not bad, f"the package imports the research programs: {bad}"
+
+
+def test_research_imports_no_test_module():
+    """The statistical plan the research programs measure is
+    mtpcheck.machinery.configs, which the suite's modules import too."""
+    programs = research_programs()
+    assert len(programs) > 1, f"no research programs under {RESEARCH}"
+    bad = sorted(f"{module_name(p)[0]} -> {n}" for p in programs for n in named(p)
+                 if n == "mtpcheck.suite" or n.startswith("mtpcheck.suite."))
+    assert not bad, f"a research program imports the suite: {bad}"

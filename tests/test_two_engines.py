@@ -7,7 +7,7 @@ Qwen3.5 fixture through mtpcheck.engine.qwen3_5.
 * greedy tokens are identical between the reference and mlx-vlm, with
   speculation off and on;
 * the reference's own invariants hold on this model (stochastic rounds).
-The figures (acceptance, tokens/s) come from `python -m mtpcheck.measurement.two_engines`."""
+The figures (acceptance, tokens/s) come from `python -m research.two_engines`."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def test_the_measuring_drafters_do_what_they_claim():
     prompt position, drafts are one-hot, and exact match keeps the output
     token for token equal to plain decoding under the same seed."""
     from mtpcheck.backends.reference import load_reference
-    from mtpcheck.measurement.two_engines import ArgmaxFromLastPrompt
+    from research.two_engines import ArgmaxFromLastPrompt
 
     b = load_reference(fixture="mlx-vlm", acceptance="exact_match")
     made = []

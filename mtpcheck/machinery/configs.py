@@ -2,8 +2,8 @@
 the sampling configurations the distribution clauses draw under, the staged
 tests' constants, and the small request helpers built on them.
 
-The suite's tests (mtpcheck/suite/) and the measurement programs that size or
-calibrate them (mtpcheck/measurement/: power, profile_power, truncated_power,
+The suite's tests (mtpcheck/suite/) and the research programs that size or
+calibrate them (research/ in the checkout: power, profile_power, truncated_power,
 context_power, context_exact, calibrate) import them from here, so that a
 measurement measures the very tests the suite runs without importing a test
 module (docs/architecture.md). Importing this module does not import mlx.

@@ -1,5 +1,5 @@
 """SEED-INDEPENDENT's coincidence series, drawn from a backend (the suite's
-test and mtpcheck.measurement.independence_power both use this): pairs of
+test and research.independence_power both use this): pairs of
 runs under seeds a careless key derivation collides, compared position by
 position at a few alignments (mtpcheck.laws.independence)."""
 

@@ -4,7 +4,7 @@ pair (llama + llama draft) that ``python -m mtpcheck.fixture.realbackends``
 built, on held-out corpus prompts, greedy and at temperature 1 (seeded).
 
     MLX_DISABLE_COMPILE=1 python -m mtpcheck.fixture.realbackends --out mtpcheck/fixture/real
-    MLX_DISABLE_COMPILE=1 python -m mtpcheck.measurement.real_acceptance --out mtpcheck/fixture/real
+    MLX_DISABLE_COMPILE=1 python -m research.real_acceptance --out mtpcheck/fixture/real
 
 Records the figures as ``measured`` in ``<out>/realbackends.json`` (``--print``:
 only prints them). Needs mlx-vlm and mlx-lm (``pip install
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from mtpcheck.fixture import FIXTURE_DIR, REAL_DIR, load_tokenizer
     from mtpcheck.fixture.realbackends import heldout_prompts
 
-    ap = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.real_acceptance", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m research.real_acceptance", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REAL_DIR, help="the built fixture folder (default: %(default)s)")
     ap.add_argument("--tokenizer-dir", type=Path, default=None, help="default: the tiny fixture's folder")

@@ -1,11 +1,11 @@
 """What truncated ground truth costs: detection rate of the DIST-EQUIV tests
 on the zoo's engine mutants when the target laws are cut to their top N
 (N = 5, 20, and whole laws), at the suite's per-test alpha. Reuses the pools
-of :mod:`mtpcheck.measurement.power` (toy backend, `temperature` configuration,
+of :mod:`research.power` (toy backend, `temperature` configuration,
 depth 3); each run of n observations is tested with
 ``truncated_rank_gtest``/``truncated_pit_ks`` on ``truncate_laws(P, N)``.
 
-    python -m mtpcheck.measurement.truncated_power [--generations 150 --reps 20]
+    python -m research.truncated_power [--generations 150 --reps 20]
 
 Prints a markdown table (the one in docs/statistics.md, "Truncated laws")."""
 
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from mtpcheck.measurement.power import ENGINE_MUTANTS, draw_run, pool
+from research.power import ENGINE_MUTANTS, draw_run, pool
 
 TOP_N = [5, 20, None]
 N_GRID = [200, 400, 800, 1600, 3200]
@@ -26,7 +26,7 @@ N_GRID = [200, 400, 800, 1600, 3200]
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLX_DISABLE_COMPILE", "1")
-    ap = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.truncated_power")
+    ap = argparse.ArgumentParser(prog="python -m research.truncated_power")
     ap.add_argument("--generations", type=int, default=150)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)

@@ -22,7 +22,7 @@ Each run is the suite's own series (`machinery.seeds.seed_pair_series`) on
 the reference engine with the collision put into its randomness
 (`Engine.uniform`), at the profile's replicates and tokens.
 
-`python -m mtpcheck.measurement.independence_power [--reps 6] [--profile ci]`
+`python -m research.independence_power [--reps 6] [--profile ci]`
 writes the section between the markers in docs/power.md.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpcheck.measurement import write_section
+from research import write_section
 
 START, END = "<!-- independence-power:start -->", "<!-- independence-power:end -->"
 STRENGTHS = (1.0, 0.5, 0.25, 0.125)
@@ -105,7 +105,7 @@ def render(rows: list[dict], meta: dict) -> str:
     from mtpcheck.machinery.configs import INDEPENDENCE_ALPHA
 
     lines = [START, "", "## F. SEED-INDEPENDENT: power against key collisions, old and new combination", "",
-             f"`python -m mtpcheck.measurement.independence_power` (mtpcheck/measurement/independence_power.py): "
+             f"`python -m research.independence_power` (research/independence_power.py): "
              f"base `{meta['base']}`, profile `{meta['profile']}` ({meta['replicates']} base seeds x 3 seed pairs x "
              f"{meta['tokens']} tokens per run, T = {meta['temperature']:g}), {meta['reps']} runs per cell, alpha {INDEPENDENCE_ALPHA:g}, "
              f"{meta['wall_min']:.1f} min. A cell is the fraction of runs that fail the clause, old combination "
@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from mtpcheck.machinery.harness import PROFILES
     from mtpcheck.machinery.seeds import INDEPENDENCE_TEMPERATURE, REPLICATES
-    from mtpcheck.mutants.run import ROOT
+    from research import ROOT
 
-    ap = argparse.ArgumentParser(prog="python -m mtpcheck.measurement.independence_power",
+    ap = argparse.ArgumentParser(prog="python -m research.independence_power",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="mlx")
     ap.add_argument("--profile", default="ci", choices=sorted(PROFILES))
