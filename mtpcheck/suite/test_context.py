@@ -19,7 +19,7 @@ from mtpcheck.machinery.configs import (
     spec_for,
 )
 
-# Three stages share one DIST_ALPHA (union bound; mtpcheck/machinery/configs.py):
+# Three stages share the test's registered alpha (union bound; mtpcheck/machinery/configs.py):
 # the pilot over every prompt, the targeted sample, and its escalation when the
 # targeted p-value is suspicious.
 
