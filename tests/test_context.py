@@ -161,24 +161,6 @@ def test_a_suspicious_targeted_p_value_escalates(monkeypatch):
     assert out.stages[2]["requests"] == 600 and out.failed is None
 
 
-def test_the_suite_budget_holds_with_the_context_stages():
-    from mtpcheck.laws.stats import SUITE_ALPHA
-    from mtpcheck.machinery.configs import (
-        CONTEXT_CONFIGS,
-        CONTEXT_STAGE_ALPHA,
-        DIST_ALPHA,
-        DIST_STAGE1,
-        DIST_STAGE2,
-        INDEPENDENCE_ALPHA,
-        INDEPENDENCE_TESTS,
-    )
-
-    total = (INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + 6 * 2 * (DIST_STAGE1 + DIST_STAGE2)
-             + len(CONTEXT_CONFIGS) * 3 * CONTEXT_STAGE_ALPHA)
-    assert CONTEXT_STAGE_ALPHA * 3 == pytest.approx(DIST_ALPHA)
-    assert total <= SUITE_ALPHA * (1 + 1e-12)
-
-
 def test_only_the_first_speculative_position_is_grouped():
     """A short request's token after the verified proposal (a bonus or a plain
     draw) is not a context of the test: it would add degrees of freedom and no

@@ -102,24 +102,6 @@ def test_a_draft_on_the_targets_uniform_is_found_and_an_independent_one_is_not()
     assert coincidence_test("t", {"x": (independent, bound)}, 5e-9).passed
 
 
-def test_the_run_budget_adds_up_to_at_most_1e_6():
-    """Union bound over every statistical subtest of a run: the independence
-    tests and the two stages of each distribution subtest."""
-    from mtpcheck.laws.stats import SUITE_ALPHA
-    from mtpcheck.machinery.configs import (
-        DIST_ALPHA,
-        DIST_STAGE1,
-        DIST_STAGE2,
-        INDEPENDENCE_ALPHA,
-        INDEPENDENCE_TESTS,
-        STAT_SUBTESTS,
-    )
-
-    assert DIST_STAGE1 + DIST_STAGE2 <= DIST_ALPHA * (1 + 1e-12)
-    assert (INDEPENDENCE_TESTS * INDEPENDENCE_ALPHA + STAT_SUBTESTS * (DIST_STAGE1 + DIST_STAGE2)
-            <= SUITE_ALPHA * (1 + 1e-12))
-
-
 def test_the_series_combination_keeps_a_strong_series_strong():
     """Issue 24, item 1: 45 series (3 seed pairs x 5 lags x 3 kinds), one of
     which shows 18 coincidences where independence allows 7.4 (a PIT series:

@@ -81,6 +81,9 @@ def resolve_id_file(name: str | Path) -> Path:
 
 SIDES = ("speculative", "plain", "both")
 SIDE_PROPERTY = "deviating_side"  # the evidence key a failing test names its side with (mtp_record)
+# how a failure message opens, by the side its plain twin showed
+SIDE_WORDS = {"speculative": "speculative path deviates",
+              "both": "both paths deviate (not speculative: the plain path fails the same test)"}
 
 
 def side_of(evidence: list[dict]) -> str | None:

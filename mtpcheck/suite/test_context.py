@@ -15,17 +15,13 @@ from mtpcheck.machinery.configs import (
     CONTEXT_STAGE_ALPHA,
     CONTEXT_TARGETS,
     DIST_CONFIGS,
+    SIDE_ALPHA,
     SUSPICIOUS,
     spec_for,
 )
+from mtpcheck.machinery.report import SIDE_WORDS
 
-# A failure names its side as DIST-EQUIV's does (test_distribution.py): the failing stage's
-# requests again with speculation off, at the same label alpha.
-SIDE_ALPHA = 1e-6
-SIDE_WORDS = {"speculative": "speculative path deviates",
-              "both": "both paths deviate (not speculative: the plain path fails the same test)"}
-
-# Three stages share one DIST_ALPHA (union bound; mtpcheck/machinery/configs.py):
+# Three stages share the test's registered alpha (union bound; mtpcheck/machinery/configs.py):
 # the pilot over every prompt, the targeted sample, and its escalation when the
 # targeted p-value is suspicious.
 

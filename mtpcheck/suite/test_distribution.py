@@ -17,26 +17,25 @@ from mtpcheck.machinery.configs import (
     DIST_ESCALATE,
     DIST_STAGE1,
     DIST_STAGE2,
+    SIDE_ALPHA,
     SUSPICIOUS,
     request,
     seeded,
     spec_for,
 )
+from mtpcheck.machinery.report import SIDE_WORDS
 
 # A failure names its side: the same seeded requests with speculation off, judged by the same
-# tests. Drawn only after a failure, so they spend none of the passing run's alpha; the plain
-# path's p-value below SIDE_ALPHA labels the failure "both paths". A pinned xfails line turns a
-# wrong label into a failure, so the label keeps the run's budget: a plain path that keeps the
-# law is called deviating once in a million failures.
-SIDE_ALPHA = 1e-6
-SIDE_WORDS = {"speculative": "speculative path deviates",
-              "both": "both paths deviate (not speculative: the plain path fails the same test)"}
+# tests. Drawn only after a failure, so they spend none of the passing run's alpha (SIDE_ALPHA is
+# in configs.AFTER_FAILURE, outside the budget); the plain path's p-value below SIDE_ALPHA labels
+# the failure "both paths". A pinned xfails line turns a wrong label into a failure, so the label
+# keeps the run's level: a plain path that keeps the law is called deviating once in a million failures.
 
 # Escalation on suspicion (docs/statistics.md; the constants in
-# mtpcheck/machinery/configs.py): each DIST-EQUIV test spends its alpha in two
-# stages, DIST_STAGE1 on the profile's sample and DIST_STAGE2 on that sample
-# grown DIST_ESCALATE-fold, drawn only when a stage-1 p-value lands in
-# (DIST_STAGE1, SUSPICIOUS]. Union bound: DIST_STAGE1 + DIST_STAGE2 = DIST_ALPHA.
+# mtpcheck/machinery/configs.py): each DIST-EQUIV test spends its registered
+# alpha in two stages, DIST_STAGE1 on the profile's sample and DIST_STAGE2 on
+# that sample grown DIST_ESCALATE-fold, drawn only when a stage-1 p-value lands
+# in (DIST_STAGE1, SUSPICIOUS]. Union bound: DIST_STAGE1 + DIST_STAGE2 = its alpha.
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from mtpcheck.contracts import OutputConstraint, SamplingParams
 from mtpcheck.laws.stats import rank_gtest
-from mtpcheck.machinery.configs import DIST_ALPHA, request, seeded, spec_for
+from mtpcheck.machinery.configs import CONSTRAINT_PATHS, request, seeded, spec_for, subtest_alpha
 from mtpcheck.machinery.grammar import choice_dfa, output_path, path_law
 
 MAX_TOKENS = 12  # a choice of up to 6 characters and its end token fit with room to spare
@@ -89,7 +89,7 @@ def _masked_argmax_path(backend, prompt, dfa) -> tuple[list[int], float]:
 
 
 @pytest.mark.contract("CONSTRAINT-LANGUAGE")
-@pytest.mark.parametrize("path", ["speculative", "plain"])
+@pytest.mark.parametrize("path", CONSTRAINT_PATHS)
 def test_constrained_outputs_follow_the_exact_law(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed,
                                                   mtp_record, path):
     """Both paths against the plain path's exact law under the constraint: a
@@ -110,7 +110,8 @@ def test_constrained_outputs_follow_the_exact_law(mtp_backend, mtp_capabilities,
     probs = np.array([*law.values(), 0.0])  # last cell: any output outside the enumerated paths
     seen = [output_path(r.tokens, mtp_capabilities.eos_token_ids) for r in results]
     obs = [(index.get(s, len(paths)), probs) for s in seen]
-    res = rank_gtest(obs, alpha=DIST_ALPHA)
+    alpha = subtest_alpha("test_constrained_outputs_follow_the_exact_law")
+    res = rank_gtest(obs, alpha=alpha)
     outside = [list(s) for s in seen if s not in index]
     counts = {mtp_backend.decode(list(p)) + f" {list(p)}": (seen.count(p), round(law[p] * len(seen), 2))
               for p in paths if seen.count(p) or law[p] * len(seen) >= 0.5}
@@ -119,4 +120,4 @@ def test_constrained_outputs_follow_the_exact_law(mtp_backend, mtp_capabilities,
     assert not outside, (f"{path} outputs under the constraint {constraint.choice} took token paths the plain "
                          f"path's masked law gives probability 0: {outside[:3]}")
     assert res.passed, (f"{path} outputs under the constraint do not follow the plain path's masked law "
-                        f"(observed, expected by path: {counts}): p={res.p_value:.3g} < alpha={DIST_ALPHA:.2g}")
+                        f"(observed, expected by path: {counts}): p={res.p_value:.3g} < alpha={alpha:.2g}")

@@ -17,7 +17,13 @@ from mtpcheck.laws.independence import (
 )
 from mtpcheck.laws.stats import pit_ks, rank_gtest
 from mtpcheck.machinery import scheduling as S
-from mtpcheck.machinery.configs import INDEPENDENCE_ALPHA, request, spec_for
+from mtpcheck.machinery.configs import (
+    STREAM_TEMPERATURES,
+    request,
+    spec_for,
+    statistical,
+    subtest_alpha,
+)
 from mtpcheck.machinery.seeds import REPLICATES, base_seeds, sample_pair_series, seed_pair_series
 
 TOKENS = 32  # per request of SEED-HISTORY
@@ -84,7 +90,7 @@ def test_different_seeds_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixtu
     rng = np.random.default_rng(mtp_seed)  # the PIT randomisation: the suite's own, not the backend's
     series = seed_pair_series(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile.dist_tokens,
                               base_seeds(mtp_seed, REPLICATES[mtp_profile.name]), rng)
-    res = series_test("seed-agreement", series, INDEPENDENCE_ALPHA)
+    res = series_test("seed-agreement", series, subtest_alpha("test_different_seeds_share_no_draws"))
     mtp_record(test=res.model_dump())
     if res.passed:
         return
@@ -118,7 +124,7 @@ def test_parallel_samples_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixt
     rng = np.random.default_rng(mtp_seed + 3)  # the PIT randomisation: the suite's own
     series = sample_pair_series(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile.dist_tokens,
                                 base_seeds(mtp_seed + 29, REPLICATES[mtp_profile.name]), SAMPLES_N, rng)
-    res = series_test("sample-agreement", series, INDEPENDENCE_ALPHA)
+    res = series_test("sample-agreement", series, subtest_alpha("test_parallel_samples_share_no_draws"))
     mtp_record(n=SAMPLES_N, test=res.model_dump())
     if res.passed:
         return
@@ -148,10 +154,7 @@ def _judge_against_unrelated(res, series, control, mtp_record, what: str) -> Non
 # -- SEED-STREAMS-INDEPENDENT -------------------------------------------------------------
 
 # The clause's INDEPENDENCE_ALPHA: two forms x two temperatures, a quarter each;
-# the role form splits its quarter over its ROLE_TESTS tests (union bound).
-STREAM_TEMPERATURES = [1.0, 1.3]
-FORM_ALPHA = INDEPENDENCE_ALPHA / 4
-ROLE_TESTS = 4
+# the role form splits its quarter over its four tests (union bound; configs.STATISTICAL).
 
 
 def _stream_runs(backend, caps, prompts, profile, seed, sp, runs):
@@ -186,11 +189,12 @@ def test_draft_randomness_is_independent_of_the_targets(mtp_backend, mtp_capabil
         rounds += len(s.accept_lens)
     if not rounds:
         pytest.skip("speculation was not used (see REPORT-HONEST)")
-    res = coincidence_test("accept-vs-max-p", {"proposals": (_cat_all(hits), _cat_all(probs))}, FORM_ALPHA)
+    alpha = subtest_alpha("test_draft_randomness_is_independent_of_the_targets")
+    res = coincidence_test("accept-vs-max-p", {"proposals": (_cat_all(hits), _cat_all(probs))}, alpha)
     mtp_record(temperature=temperature, test=res.model_dump(), rounds=rounds)
     assert res.passed, (f"exact-match accepts more proposals than a draft drawn independently of the target's "
                         f"randomness can (at most max p each): {res.note}; p={res.p_value:.3g} < "
-                        f"alpha={FORM_ALPHA:.2g}")
+                        f"alpha={alpha:.2g}")
 
 
 @pytest.mark.contract("SEED-STREAMS-INDEPENDENT")
@@ -226,7 +230,7 @@ def test_each_role_follows_its_law(mtp_backend, mtp_capabilities, mtp_fixture, m
         rounds += len(s.accept_lens)
     if not rounds:
         pytest.skip("speculation was not used (see REPORT-HONEST)")
-    alpha = FORM_ALPHA / ROLE_TESTS
+    alpha = subtest_alpha("test_each_role_follows_its_law")
     pairs = [(t, law) for t, law, _ in obs]
     corrections = [(t, law) for t, law, role in obs if role == "correction"]
     tests = {
@@ -236,6 +240,8 @@ def test_each_role_follows_its_law(mtp_backend, mtp_capabilities, mtp_fixture, m
         "acceptances vs sum min(p, q)" if rule == "rejection" else "acceptances vs sum p q":
             coincidence_test("accept-vs-law", {"proposals": (_cat_all(hits), _cat_all(probs))}, alpha),
     }
+    # the registry's count is what split the alpha: a test added here without it would overspend
+    assert len(tests) == statistical("test_each_role_follows_its_law").subtests, "configs.STATISTICAL: role tests"
     roles = {r: sum(1 for *_, role in obs if role == r) for r in ("accepted", "correction", "bonus", "plain")}
     mtp_record(temperature=temperature, rounds=rounds, roles=roles, tests={k: t.model_dump() for k, t in tests.items()})
     failed = [f"{k}: p={t.p_value:.3g} < alpha={alpha:.2g} ({t.note})" for k, t in tests.items() if not t.passed]
