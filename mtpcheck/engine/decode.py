@@ -187,8 +187,9 @@ class Engine:
         ps, hidden = self.target_pass(st.history, st.cache, f.block, st.req.sampling, st.cursor)
         au, tu = uniforms(self.uniform, st.seed, f.block)
         verdict: Verdict = self.rule.verify(ps, f.block.probs, f.block.tokens, au, tu)
-        rnd = Round(f.block, ps, au, tu, verdict, st.history[n], n, f.draft_len_before, digest, events,
-                    f.draft_time, time.perf_counter() - t0)
+        rnd = Round(block=f.block, ps=ps, au=au, tu=tu, verdict=verdict, pending=st.history[n], target_len=n,
+                    draft_len=f.draft_len_before, digest=digest, events=events, draft_time=f.draft_time,
+                    verify_time=time.perf_counter() - t0)
 
         c = self.commit(st, rnd.emitted, self.logprobs(rnd))
         rnd.committed = rnd.emitted[:c]
