@@ -126,10 +126,10 @@ class AdvancesByTheRejectedProposal(Engine):
     """B09: after a rejection the constraint state takes the rejected
     proposal instead of the correction."""
 
-    def _committed_cursor(self, cursor, block, verdict, committed):
-        toks = list(committed)
-        if verdict.accepted < len(block.tokens) and len(toks) == verdict.accepted + 1:
-            toks[-1] = block.tokens[verdict.accepted]
+    def cursor_after(self, cursor, rnd):
+        toks, proposals, accepted = list(rnd.committed), rnd.block.tokens, rnd.verdict.accepted
+        if accepted < len(proposals) and len(toks) == accepted + 1:
+            toks[-1] = proposals[accepted]
         return cursor.advance_all(toks)
 
 

@@ -57,11 +57,11 @@ def test_full_acceptance_leaves_bonus_uncached(random_models):
 
 def test_checker_catches_a_cache_not_rolled_back(random_models, monkeypatch):
     """The check can fail: an engine whose target trim is a no-op (B08)."""
-    import mtpcheck.engine.decode as decode
+    import mtpcheck.engine.round as round_
 
     target, assistant = random_models
     engine = Engine(target, assistant, acceptance="rejection")
-    monkeypatch.setattr(decode, "trim_cache", lambda cache, n: None)
+    monkeypatch.setattr(round_, "trim_cache", lambda cache, n: None)
     with pytest.raises(AssertionError, match="target cache length"):
         run_checked(
             engine,

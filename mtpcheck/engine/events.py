@@ -1,6 +1,6 @@
 """Semantic events, the stop matcher, and transactional commit.
 
-A round's emitted tokens are offered to `Commit.offer` one by one; the matcher
+A round's emitted tokens go through `commit_tokens` one by one; the matcher
 decides where the output ends (EOS, stop string, budget) and everything after
 that point is dropped before any event is published (bug class B10: a stop
 accepted mid-block with tokens after it still emitted).

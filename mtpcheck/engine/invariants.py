@@ -6,8 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .cache import cache_length
-from .decode import Snapshot
 from .draft import AssistantDrafter, MtpDrafter
+from .state import Snapshot
 
 
 def _compare(name: str, got: list, want: list, atol: float) -> list[str]:

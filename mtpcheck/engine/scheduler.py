@@ -15,7 +15,7 @@ more than R - 1 actions between two of its own (round-robin).
 
 Lookahead (assistant drafter only): after `propose`, when the options allow
 it, the request's next action drafts one optional branch before `verify`
-(engine.Engine.lookahead). `SchedulerOptions.with_lookahead(False)` disables
+(lookahead.draft). `SchedulerOptions.with_lookahead(False)` disables
 only that action; `adaptive_after` is the per-request adaptive rule's N.
 
 Cancellation: `cancel` drops the in-flight block and branch; nothing more of
@@ -35,8 +35,10 @@ from mtpcheck.contracts.scheduling import (
     ScheduledOutcome,
 )
 
+from . import lookahead as branch  # the module; `lookahead` is also an action's flag here
 from .constraints import TokenDFA, compile_constraint
-from .decode import Engine, RequestState
+from .decode import Engine
+from .state import RequestState
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class Scheduler:
             self.engine.cancel(st)
 
     def drop_branch(self, request_id: int) -> bool:
-        return self.engine.drop_branch(self.jobs[request_id].state)
+        return branch.drop(self.jobs[request_id].state)
 
     # -- actions ----------------------------------------------------------------
     def step(self) -> int | None:
@@ -102,7 +104,7 @@ class Scheduler:
         job = self.jobs[request_id]
         action = self.next_action(job.state, lookahead)
         e, st = self.engine, job.state
-        {"prefill": e.prefill, "propose": e.propose, "lookahead": e.lookahead, "verify": e.verify,
+        {"prefill": e.prefill, "propose": e.propose, "lookahead": branch.draft, "verify": e.verify,
          "none": lambda st: None}[action](st)
         self.clock += 1
         job.last_served = self.clock
@@ -116,7 +118,7 @@ class Scheduler:
             return "prefill"
         if st.inflight is None:
             return "propose"
-        if lookahead and self.options.lookahead and self.engine.lookahead_possible(st):
+        if lookahead and self.options.lookahead and branch.possible(st):
             return "lookahead"
         return "verify"
 

@@ -56,7 +56,7 @@ def _one_sided_temperature(engine) -> None:
     draft (and the prefill token) use the requested temperature."""
     from mtpcheck.contracts import SamplingParams
 
-    verify = engine._verify
+    verify = engine.target_pass
 
     def at_temperature_one(x):
         return x.model_copy(update={"temperature": 1.0}) if isinstance(x, SamplingParams) and x.temperature else x
@@ -64,7 +64,7 @@ def _one_sided_temperature(engine) -> None:
     def unprocessed_target(*args, **kwargs):
         return verify(*map(at_temperature_one, args), **{k: at_temperature_one(v) for k, v in kwargs.items()})
 
-    engine._verify = unprocessed_target
+    engine.target_pass = unprocessed_target
 
 
 def _unnormalised_residual(engine) -> None:

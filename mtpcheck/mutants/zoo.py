@@ -29,7 +29,7 @@ from mtpcheck.engine.acceptance import (
 )
 from mtpcheck.engine.cache import trim_cache
 from mtpcheck.engine.constraints import FREE, masked
-from mtpcheck.engine.decode import Engine, Plan
+from mtpcheck.engine.decode import Engine
 from mtpcheck.engine.draft import AssistantDrafter, DraftBlock, MtpDrafter
 from mtpcheck.engine.sampling import (
     STREAM_ACCEPT,
@@ -39,6 +39,7 @@ from mtpcheck.engine.sampling import (
     sample,
     uniform,
 )
+from mtpcheck.engine.state import LookaheadStats, Plan
 
 PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
@@ -118,9 +119,9 @@ class TargetFiltersDropped(Engine):
     """Verification processes the target logits with temperature only: top-k,
     top-p and min-p are applied to the draft side alone."""
 
-    def _verify(self, history, cache, block, sp, seed, cursor):
+    def target_pass(self, history, cache, block, sp, cursor):
         raw = sp.model_copy(update={"top_k": None, "top_p": None, "min_p": None})
-        return super()._verify(history, cache, block, raw, seed, cursor)
+        return super().target_pass(history, cache, block, raw, cursor)
 
 
 def target_filters_dropped(engine):
@@ -288,10 +289,10 @@ class BonusFedTwice(Engine):
         super().verify(st)
         st.mutant_bonus_cached = st.stats.bonus > before
 
-    def _verify(self, history, cache, block, sp, seed, cursor):
+    def target_pass(self, history, cache, block, sp, cursor):
         if self.refeed:
             self.target(mx.array([[history[-1]]]), cache)
-        return super()._verify(history, cache, block, sp, seed, cursor)
+        return super().target_pass(history, cache, block, sp, cursor)
 
 
 def bonus_fed_twice(engine):
@@ -313,10 +314,10 @@ class LeadsWithLastProposal(Engine):
             st.traces[-1].pending_token = self.lead
         st.mutant_lead = st.history[-2] if st.stats.bonus > before and len(st.history) >= 2 else None
 
-    def _verify(self, history, cache, block, sp, seed, cursor):
+    def target_pass(self, history, cache, block, sp, cursor):
         if self.lead is not None:
             history = history[:-1] + [self.lead]
-        return super()._verify(history, cache, block, sp, seed, cursor)
+        return super().target_pass(history, cache, block, sp, cursor)
 
 
 def leads_with_last_proposal(engine):
@@ -362,10 +363,10 @@ class ConstraintAdvancedByRejected(Engine):
     """After a rejection the constraint state takes the rejected proposal
     instead of the correction."""
 
-    def _committed_cursor(self, cursor, block, verdict, committed):
-        toks = list(committed)
-        if verdict.accepted < len(block.tokens) and len(toks) == verdict.accepted + 1:
-            toks[-1] = block.tokens[verdict.accepted]
+    def cursor_after(self, cursor, rnd):
+        toks, proposals, accepted = list(rnd.committed), rnd.block.tokens, rnd.verdict.accepted
+        if accepted < len(proposals) and len(toks) == accepted + 1:
+            toks[-1] = proposals[accepted]
         return cursor.advance_all(toks)
 
 
@@ -390,19 +391,19 @@ def unmasked_drafter(engine):
 class StopCheckedPerBlock(Engine):
     """Stops (EOS, stop strings) are checked on the last token of each block only."""
 
-    def _commit(self, st, emitted, logprobs):
+    def commit(self, st, emitted, logprobs):
         if len(emitted) < 2:
-            return super()._commit(st, emitted, logprobs)
+            return super().commit(st, emitted, logprobs)
         m = st.matcher
         eos, stop = m.eos, m.stop
         m.eos, m.stop = set(), []
         try:
-            c = super()._commit(st, emitted[:-1], logprobs[:-1])
+            c = super().commit(st, emitted[:-1], logprobs[:-1])
         finally:
             m.eos, m.stop = eos, stop
         if st.out.finish_reason is not None:
             return c
-        return c + super()._commit(st, emitted[-1:], logprobs[-1:])
+        return c + super().commit(st, emitted[-1:], logprobs[-1:])
 
 
 def stop_checked_per_block(engine):
@@ -414,9 +415,9 @@ class BudgetBeforeStop(Engine):
     a stop token that is also the last allowed token ends the request as
     "length", with no stop event (tokens exact)."""
 
-    def _commit(self, st, emitted, logprobs):
+    def commit(self, st, emitted, logprobs):
         before = len(st.out.tokens)
-        c = super()._commit(st, emitted, logprobs)
+        c = super().commit(st, emitted, logprobs)
         out = st.out
         if st.plan.used and before and out.finish_reason == "stop" and len(out.tokens) == st.req.max_tokens \
                 and out.tokens[-1] in st.matcher.eos:
@@ -463,13 +464,23 @@ def counts_cancelled_round(engine):
     become(engine, CountsCancelledRound)
 
 
+class DiscardsUncounted(LookaheadStats):
+    """The tally forgets a rejected or mismatched branch's discards (after
+    the adaptive rule has seen them)."""
+
+    def count(self, rec, adaptive_after):
+        super().count(rec, adaptive_after)
+        if rec.outcome in ("mismatch", "parent_rejected"):
+            self.discarded -= rec.discarded
+
+
 class UncountedBranchDiscards(Engine):
     """Tokens of branches discarded after a rejection or a mismatched bonus are not counted."""
 
-    def _count_resolution(self, st, rec):
-        super()._count_resolution(st, rec)
-        if rec.outcome in ("mismatch", "parent_rejected"):
-            st.look.discarded -= rec.discarded
+    def admit(self, req, observer=None, constraint=None):
+        st = super().admit(req, observer, constraint)
+        st.look = DiscardsUncounted()
+        return st
 
 
 def uncounted_branch_discards(engine):
@@ -800,10 +811,10 @@ def confident_draft_accepted(engine, tau: float = 0.25):
 class DraftLogprobs(Engine):
     """Accepted proposals report the draft's logprob."""
 
-    def _emitted_logprobs(self, ps, block, emitted):
-        lps = super()._emitted_logprobs(ps, block, emitted)
+    def logprobs(self, rnd):
+        lps, emitted = super().logprobs(rnd), rnd.emitted
         for j in range(len(emitted) - 1):
-            q = block.probs[j][emitted[j]]
+            q = rnd.block.probs[j][emitted[j]]
             lps[j] = math.log(q) if q > 0 else -math.inf
         return lps
 
@@ -811,9 +822,9 @@ class DraftLogprobs(Engine):
 class ZeroLogprobs(Engine):
     """Accepted proposals report logprob 0."""
 
-    def _emitted_logprobs(self, ps, block, emitted):
-        lps = super()._emitted_logprobs(ps, block, emitted)
-        return [0.0] * (len(emitted) - 1) + lps[-1:]
+    def logprobs(self, rnd):
+        lps = super().logprobs(rnd)
+        return [0.0] * (len(lps) - 1) + lps[-1:]
 
 
 def draft_logprobs(engine):
@@ -949,9 +960,9 @@ class PenaltyHistoryWithoutPrompt(Engine):
         self.penalty_from = len(st.req.prompt_tokens) if self._drops(st) else 0
         super().verify(st)
 
-    def _verify(self, history, cache, block, sp, seed, cursor):
+    def target_pass(self, history, cache, block, sp, cursor):
         # history[-1] (the pending token, the verify pass's first input) is output, never prompt
-        return super()._verify(history[self.penalty_from :], cache, block, sp, seed, cursor)
+        return super().target_pass(history[self.penalty_from :], cache, block, sp, cursor)
 
 
 def penalty_history_without_prompt(backend, drops: tuple[str, ...] = ("speculative", "plain")):
