@@ -1,4 +1,4 @@
-"""DIST-CONTEXT's statistic (laws.context) and its staged sampling
+"""DIST-CONTEXT's statistic (laws.context_gtest) and its staged sampling
 (machinery.contexts): null calibration, the cancellation it exists for, the
 stages' decisions."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mtpcheck.laws.context import ContextDraws, context_gtest
+from mtpcheck.laws.context_gtest import ContextDraws, context_gtest
 from mtpcheck.laws.stats import ObservationBatch, rank_gtest
 from mtpcheck.machinery import contexts as ctx
 

@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import SamplingParams
-from mtpcheck.laws.controls import PathCheck, deviating_side, greedy_flips, logits_from_law, verdict
-from mtpcheck.machinery.controls import DERIVED, RAW, missing_truth, penalised
+from mtpcheck.laws.greedy_contract import (
+    PathCheck,
+    deviating_side,
+    greedy_flips,
+    logits_from_law,
+    verdict,
+)
+from mtpcheck.machinery.contract_logits import DERIVED, RAW, missing_truth, penalised
 from mtpcheck.machinery.harness import PROFILES, BackendGarbage, Guarded
 
 # the suite's modules, not their test functions: pytest would collect those here

@@ -5,7 +5,7 @@ and again: the prompt plus the prefill token (or the prompt alone, when round
 0 emits the first token) is where the first proposal is verified, so the
 first speculative position repeats as often as the prefill token does. The
 tokens drawn there are compared with the target law cell by cell
-(`laws.context.context_gtest`).
+(`laws.context_gtest.context_gtest`).
 
 Three stages, each a fresh sample tested at its own share of alpha (union
 bound; docs/statistics.md):
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
-from mtpcheck.laws.context import ContextDraws, context_gtest
+from mtpcheck.laws.context_gtest import ContextDraws, context_gtest
 from mtpcheck.laws.stats import TestResult
 
 Draw = tuple[str, list[int], GenerationResult]  # (prompt name, prompt ids, result)

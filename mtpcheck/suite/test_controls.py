@@ -18,9 +18,9 @@ from collections import Counter
 import pytest
 
 from mtpcheck.contracts import SamplingParams
-from mtpcheck.laws.controls import PathCheck, deviating_side, verdict
+from mtpcheck.laws.greedy_contract import PathCheck, deviating_side, verdict
 from mtpcheck.machinery.configs import request, spec_for
-from mtpcheck.machinery.controls import (
+from mtpcheck.machinery.contract_logits import (
     argmax_changes,
     base_logits,
     missing_truth,

@@ -1,10 +1,10 @@
 import pytest
 
 from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
-from mtpcheck.laws.controls import PathCheck, deviating_side
+from mtpcheck.laws.greedy_contract import PathCheck, deviating_side
 from mtpcheck.machinery.checks import honesty_problems
 from mtpcheck.machinery.configs import request, spec_for
-from mtpcheck.machinery.controls import base_logits, missing_truth, penalised, truth_source
+from mtpcheck.machinery.contract_logits import base_logits, missing_truth, penalised, truth_source
 
 REASONS = {"not_requested", "sampling_control_unsupported", "drafter_unavailable",
            "depth_exceeds_capability", "adaptive_disabled"}

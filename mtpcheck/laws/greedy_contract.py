@@ -11,7 +11,7 @@ Comparing the two paths with each other cannot tell these apart: a history
 bug that both paths share gives the same wrong output on both sides.
 
 Pure numpy (this layer imports only contracts); the rows come from
-`mtpcheck.machinery.controls`.
+`mtpcheck.machinery.contract_logits`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Source, strongest first:
 
 The processing is the contract's own (`mtpcheck.engine.sampling.apply_penalties`:
 logit bias, then repetition, presence and frequency penalties over prompt +
-output so far); the verdict is `mtpcheck.laws.controls`.
+output so far); the verdict is `mtpcheck.laws.greedy_contract`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from mtpcheck.contracts import Capabilities, SamplingParams
-from mtpcheck.laws.controls import logits_from_law, sign_dependent
+from mtpcheck.laws.greedy_contract import logits_from_law, sign_dependent
 
 RAW = "raw logits (target_logits)"
 DERIVED = "log p of the temperature-1 target_distributions, the logits up to a constant per row"
