@@ -6,7 +6,13 @@ constraint failure after an earlier wrong token says it is a knock-on."""
 import pytest
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams
-from mtpcheck.machinery.checks import trace_problems
+from mtpcheck.machinery import checks as C
+
+
+def _all_trace_problems(res, req, truth, rule="rejection"):
+    """Every trace clause's problems, one list."""
+    return (C.accept_problems(res, req, rule, truth) + C.residual_bonus_problems(res, rule)
+            + C.rollback_problems(res, req, rule) + C.bonus_uncached_problems(res, rule))
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +32,11 @@ def _traced(backend, seed=3, n=40):
 
 def test_a_wrong_accepted_count_is_reported_in_its_round_only(toy):
     req, res, truth = _traced(toy)
-    assert not any(trace_problems(res, req, "rejection", truth).values())
+    assert not _all_trace_problems(res, req, truth)
     r = next(i for i, t in enumerate(res.trace) if 0 < i < len(res.trace) - 2)
     bad = res.model_copy(deep=True)
     bad.trace[r].accepted = (bad.trace[r].accepted + 1) % (len(bad.trace[r].proposals) + 1)
-    problems = trace_problems(bad, req, "rejection", truth)
-    flat = [p for ps in problems.values() for p in ps]
+    flat = _all_trace_problems(bad, req, truth)
     assert flat, "the wrong accepted count went unnoticed"
     assert all(p.startswith(f"round {r}:") for p in flat), flat  # later rounds keep their offset
 
@@ -40,7 +45,7 @@ def test_wrong_trace_shapes_do_not_shift_later_rounds(toy):
     req, res, truth = _traced(toy, seed=5)
     bad = res.model_copy(deep=True)
     bad.trace[1].target_uniforms = bad.trace[1].target_uniforms[:-1]
-    flat = [p for ps in trace_problems(bad, req, "rejection", truth).values() for p in ps]
+    flat = _all_trace_problems(bad, req, truth)
     assert flat and all(p.startswith("round 1:") for p in flat), flat
 
 
@@ -51,7 +56,7 @@ def test_state_not_restored_is_named_not_processing():
     found = []
     for seed in range(4):
         req, res, truth = _traced(backend, seed=seed)
-        found += trace_problems(res, req, "rejection", truth)["TRACE-ACCEPT"]
+        found += C.accept_problems(res, req, "rejection", truth)
     laws = [p for p in found if "teacher-forced" in p]
     assert laws, found
     assert all("state not restored after round" in p for p in laws), laws[:3]
@@ -66,7 +71,7 @@ def test_one_sided_processing_is_still_named_so():
                             sampling=SamplingParams(temperature=1.5, seed=1), trace=True)
     res = backend.generate(req)
     truth = backend.target_distributions(req.prompt_tokens, res.tokens, req.sampling)
-    laws = [p for p in trace_problems(res, req, "rejection", truth)["TRACE-ACCEPT"] if "teacher-forced" in p]
+    laws = [p for p in C.accept_problems(res, req, "rejection", truth) if "teacher-forced" in p]
     assert laws and all("one-sided processing" in p for p in laws), laws[:3]
 
 

@@ -4,7 +4,7 @@ the reference and on the mutants that publish too early, in process."""
 import pytest
 
 from mtpcheck.contracts import GenerationRequest, SamplingParams, StreamChunk, TokenEvent
-from mtpcheck.machinery.checks import events_problems, stream_problems, trace_problems
+from mtpcheck.machinery.checks import events_problems, rollback_problems, stream_problems
 
 
 def _req(seed=None, temperature=0.0, trace=False):
@@ -33,9 +33,9 @@ def test_events_at_draft_time_are_caught_from_events_and_from_the_trace_window()
     from mtpcheck.mutants import load_mutant
 
     backend = load_mutant("events-at-draft-time")
-    res = backend.generate(_req(seed=1, temperature=1.0, trace=True))
-    assert events_problems(res) and "published" in trace_problems(res, _req(seed=1, temperature=1.0, trace=True),
-                                                                  "rejection")["TRACE-ROLLBACK"][-1]
+    req = _req(seed=1, temperature=1.0, trace=True)
+    res = backend.generate(req)
+    assert events_problems(res) and "published" in rollback_problems(res, req, "rejection")[-1]
 
 
 def test_stream_publishing_proposals_is_caught_and_generate_is_not():

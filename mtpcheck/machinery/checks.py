@@ -8,7 +8,8 @@ call them directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from mtpcheck.contracts import (
     Capabilities,
     GenerationRequest,
     GenerationResult,
+    RoundTrace,
     SamplingParams,
     TokenEvent,
 )
@@ -216,109 +218,134 @@ def filter_problems(law: np.ndarray, sp: SamplingParams) -> list[str]:
     return out
 
 
-def trace_problems(
-    res: GenerationResult,
-    req: GenerationRequest,
-    rule_name: str,
-    ground_truth: np.ndarray | None = None,
-) -> dict[str, list[str]]:
-    """Re-derive every round. Keys are clause ids. `ground_truth` is the
-    teacher-forced target law of every emitted token ([len(tokens), V])."""
+class TracedRound(NamedTuple):
+    """One traced round with the context every trace clause reads it in."""
+
+    index: int  # its place in the trace
+    t: RoundTrace
+    tag: str  # "round N", the start of every message about it
+    committed: int  # output tokens before it: the prefill token precedes round 0
+    ps: np.ndarray | None  # [k+1, V] target laws; None, like qs, when the shapes disagree with the proposals
+    qs: np.ndarray | None  # [k, V] draft laws
+    verdict: Any  # the rule's re-derivation (accepted, next token and law); None when the trace lacks its inputs
+
+
+def traced_rounds(res: GenerationResult, rule_name: str) -> Iterator[TracedRound]:
+    """Every round at its committed offset, which a wrong round still moves by
+    what it committed (so it never shifts the rounds after it), with the
+    declared rule's verdict: none without fitting shapes, nor without an
+    acceptance uniform per proposal under the rejection rule."""
     from mtpcheck.engine.acceptance import get_rule
 
-    rule = get_rule(rule_name)
-    sp = req.sampling
-    P = len(req.prompt_tokens)
-    accept, law, rollback, bonus = [], [], [], []
+    rule, committed = get_rule(rule_name), 1
+    for i, t in enumerate(res.trace or []):
+        k, au, tu = len(t.proposals), np.array(t.accept_uniforms), np.array(t.target_uniforms)
+        ps = np.array(t.target_probs, dtype=np.float64)
+        qs = np.array(t.draft_probs, dtype=np.float64).reshape(k, ps.shape[-1])
+        fits = ps.shape[0] == k + 1 and qs.shape[0] == k and len(t.draft_uniforms) == k and len(tu) == k + 1
+        v = None
+        if fits and (len(au) == k or rule_name != "rejection"):
+            v = rule.verify(ps, qs, t.proposals, np.concatenate([au, np.zeros(max(0, k - len(au)))]), tu)
+        yield TracedRound(i, t, f"round {t.round}", committed, ps if fits else None, qs if fits else None, v)
+        committed += len(t.committed)
+
+
+def rederived_rounds(res: GenerationResult, rule_name: str) -> list[TracedRound]:
+    """The rounds whose accepted count the rule re-derives: the clauses after
+    TRACE-ACCEPT judge only these, TRACE-ACCEPT reports the others."""
+    return [r for r in traced_rounds(res, rule_name) if r.verdict is not None and r.verdict.accepted == r.t.accepted]
+
+
+def accept_problems(res: GenerationResult, req: GenerationRequest, rule_name: str,
+                    ground_truth: np.ndarray | None = None) -> list[str]:
+    """TRACE-ACCEPT. Each round's laws are laws the request's sampling shaped,
+    each proposal is its draft law's sample at its uniform, the target laws are
+    the teacher-forced ones (`ground_truth`: [len(tokens), V], when given), and
+    the accepted count is the declared rule's."""
+    out = []
     # a target law that is right before the first rejection and wrong after it
     # points to state the rollback did not restore, not to logit processing
-    seen = {"first_rejection": None, "hint": None}
-
-    def one_round(t, committed: int, prev) -> None:
-        """Check one round at its committed offset; returning early never moves the offset."""
-        tag = f"round {t.round}"
-        k = len(t.proposals)
-        ps = np.array(t.target_probs, dtype=np.float64)  # [k+1, V]
-        qs = np.array(t.draft_probs, dtype=np.float64).reshape(k, ps.shape[-1])  # [k, V]
-        au, tu = np.array(t.accept_uniforms), np.array(t.target_uniforms)
-        if ps.shape[0] != k + 1 or qs.shape[0] != k or len(t.draft_uniforms) != k or len(tu) != k + 1:
-            accept.append(f"{tag}: trace shapes disagree with {k} proposals")
-            return
-        # -- TRACE-ACCEPT: laws, proposals and decisions
+    first_rejection = hint = None
+    for r in traced_rounds(res, rule_name):
+        t, tag, ps, qs, k = r.t, r.tag, r.ps, r.qs, len(r.t.proposals)
+        if ps is None:
+            out.append(f"{tag}: trace shapes disagree with {k} proposals")
+            continue
         for j in range(k):
             if not _is_law(qs[j]) or not _is_law(ps[j]):
-                accept.append(f"{tag}: position {j} carries a law that does not sum to 1")
+                out.append(f"{tag}: position {j} carries a law that does not sum to 1")
             elif _sample(qs[j], t.draft_uniforms[j]) != t.proposals[j]:
-                accept.append(f"{tag}: proposal {j} ({t.proposals[j]}) is not the draft law's sample at its uniform "
-                              f"(got {_sample(qs[j], t.draft_uniforms[j])}): q is not the law it was drawn from")
-            accept.extend(f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], sp))
+                out.append(f"{tag}: proposal {j} ({t.proposals[j]}) is not the draft law's sample at its uniform "
+                           f"(got {_sample(qs[j], t.draft_uniforms[j])}): q is not the law it was drawn from")
+            out.extend(f"{tag}: draft law {j}: {p}" for p in filter_problems(qs[j], req.sampling))
         for j in range(k + 1):
-            accept.extend(f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], sp))
-        if ground_truth is not None:
-            for j in range(min(len(t.committed), k + 1)):
-                row = committed + j
-                if row < len(ground_truth) and np.max(np.abs(ground_truth[row] - ps[j])) > 1e-4:
-                    r0 = seen["first_rejection"]
-                    if seen["hint"] is None:  # decided by the first mismatch of the trace
-                        seen["hint"] = (f"state not restored after round {r0}'s rejection (the target's KV or recurrent "
-                                        f"state still holds rejected proposals?): every law before it matches"
-                                        if r0 is not None else "one-sided processing of the target logits?")
-                    why = seen["hint"]
-                    accept.append(f"{tag}: target law at position {j} differs from the teacher-forced target law "
-                                  f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} ({why})")
-        if t.accepted < k and seen["first_rejection"] is None:
-            seen["first_rejection"] = t.round
-        if len(au) != k and rule_name == "rejection":
-            accept.append(f"{tag}: {len(au)} acceptance uniforms for {k} proposals")
-            return
-        au_full = np.concatenate([au, np.zeros(max(0, k - len(au)))])
-        v = rule.verify(ps, qs, t.proposals, au_full, tu)
-        if v.accepted != t.accepted:
-            accept.append(f"{tag}: {t.accepted} proposals accepted, the {rule_name} rule accepts {v.accepted}")
-            return
-        # -- TRACE-RESIDUAL-BONUS
+            out.extend(f"{tag}: target law {j}: {p}" for p in filter_problems(ps[j], req.sampling))
+        for j in range(min(len(t.committed), k + 1) if ground_truth is not None else 0):
+            row = r.committed + j
+            if row < len(ground_truth) and np.max(np.abs(ground_truth[row] - ps[j])) > 1e-4:
+                if hint is None:  # decided by the first mismatch of the trace
+                    hint = (f"state not restored after round {first_rejection}'s rejection (the target's KV or "
+                            f"recurrent state still holds rejected proposals?): every law before it matches"
+                            if first_rejection is not None else "one-sided processing of the target logits?")
+                out.append(f"{tag}: target law at position {j} differs from the teacher-forced target law "
+                           f"by {np.max(np.abs(ground_truth[row] - ps[j])):.3g} ({hint})")
+        if t.accepted < k and first_rejection is None:
+            first_rejection = t.round
+        if r.verdict is None:  # the shapes fit, so the acceptance uniforms are missing
+            out.append(f"{tag}: {len(t.accept_uniforms)} acceptance uniforms for {k} proposals")
+        elif r.verdict.accepted != t.accepted:
+            out.append(f"{tag}: {t.accepted} proposals accepted, the {rule_name} rule accepts {r.verdict.accepted}")
+    return out
+
+
+def residual_bonus_problems(res: GenerationResult, rule_name: str) -> list[str]:
+    """TRACE-RESIDUAL-BONUS, on the rounds whose acceptance re-derives: after a
+    rejection the next token is a correction, after full acceptance a bonus;
+    either is drawn from the rule's law and is its sample at the traced uniform."""
+    out = []
+    for r in rederived_rounds(res, rule_name):
+        t, tag, k, v = r.t, r.tag, len(r.t.proposals), r.verdict
         kind = "bonus" if t.accepted == k else "correction"
         if t.next_kind != kind:
-            law.append(f"{tag}: next token is a {t.next_kind}, expected a {kind} after {t.accepted}/{k} accepted")
+            out.append(f"{tag}: next token is a {t.next_kind}, expected a {kind} after {t.accepted}/{k} accepted")
         if t.next_law is None or np.max(np.abs(np.array(t.next_law) - v.next_law)) > LAW_ATOL:
-            law.append(f"{tag}: the {kind} was drawn from the wrong law "
+            out.append(f"{tag}: the {kind} was drawn from the wrong law "
                        f"(max error {np.max(np.abs(np.array(t.next_law or 0) - v.next_law)):.3g})")
         if t.next_token != v.next_token:
-            law.append(f"{tag}: {kind} token {t.next_token}, the law's sample at its uniform is {v.next_token}")
+            out.append(f"{tag}: {kind} token {t.next_token}, the law's sample at its uniform is {v.next_token}")
+    return out
+
+
+def rollback_problems(res: GenerationResult, req: GenerationRequest, rule_name: str) -> list[str]:
+    """TRACE-ROLLBACK, on the rounds whose acceptance re-derives: each commits
+    a prefix of what it emitted; after it the target cache holds prompt +
+    committed - 1 entries (the last token stays pending), the draft cache no
+    more, the sampler the committed history's state. Token events are the
+    committed tokens, published inside a round's verify window, and the rounds
+    account for every output token."""
+    out = []
+    for r in rederived_rounds(res, rule_name):
+        t, tag = r.t, r.tag
         emitted = t.proposals[: t.accepted] + [t.next_token]
         if t.committed != emitted[: len(t.committed)] or not t.committed:
-            rollback.append(f"{tag}: committed {t.committed} is not a non-empty prefix of the emitted {emitted}")
-        # -- TRACE-ROLLBACK
-        n = P + committed - 1
+            out.append(f"{tag}: committed {t.committed} is not a non-empty prefix of the emitted {emitted}")
+        n = len(req.prompt_tokens) + r.committed - 1
         if t.target_len_before != n:
-            rollback.append(f"{tag}: target cache length {t.target_len_before} before the round, expected {n}")
+            out.append(f"{tag}: target cache length {t.target_len_before} before the round, expected {n}")
         if t.position != t.target_len_before + 1:
-            rollback.append(f"{tag}: first proposal at position {t.position}, expected {t.target_len_before + 1}")
+            out.append(f"{tag}: first proposal at position {t.position}, expected {t.target_len_before + 1}")
         if t.target_len_after != n + len(t.committed):
-            rollback.append(f"{tag}: target cache length {t.target_len_after} after, expected {n + len(t.committed)} "
-                            f"(the last emitted token must stay pending)")
+            out.append(f"{tag}: target cache length {t.target_len_after} after, expected {n + len(t.committed)} "
+                       f"(the last emitted token must stay pending)")
         if t.draft_len_after > t.target_len_after:
-            rollback.append(f"{tag}: draft cache {t.draft_len_after} longer than the target's {t.target_len_after}")
-        hist = req.prompt_tokens + res.tokens[: committed + len(t.committed)]
-        if t.sampler_digest_after != history_digest(hist):
-            rollback.append(f"{tag}: sampler state after the round is not that of the committed history")
-        if t.sampler_digest_before != history_digest(req.prompt_tokens + res.tokens[:committed]):
-            rollback.append(f"{tag}: sampler state before the round is not that of the committed history")
+            out.append(f"{tag}: draft cache {t.draft_len_after} longer than the target's {t.target_len_after}")
+        if t.sampler_digest_after != history_digest(req.prompt_tokens + res.tokens[: r.committed + len(t.committed)]):
+            out.append(f"{tag}: sampler state after the round is not that of the committed history")
+        if t.sampler_digest_before != history_digest(req.prompt_tokens + res.tokens[: r.committed]):
+            out.append(f"{tag}: sampler state before the round is not that of the committed history")
         token_events = [res.events[i] for i in t.events if i < len(res.events) and isinstance(res.events[i], TokenEvent)]
         if [e.token for e in token_events] != t.committed:
-            rollback.append(f"{tag}: token events {[e.token for e in token_events]} != committed {t.committed}")
-        # -- BONUS-UNCACHED
-        if prev is not None and t.pending_token != res.tokens[committed - 1]:
-            bonus.append(f"{tag}: verification led by {t.pending_token}, not the last emitted token {res.tokens[committed - 1]}")
-        if kind == "bonus" and len(t.committed) == k + 1 and t.target_len_after != t.target_len_before + k + 1:
-            bonus.append(f"{tag}: after full acceptance the cache holds {t.target_len_after - t.target_len_before} "
-                         f"new entries, expected {k + 1} (the bonus stays uncached)")
-    committed = 1  # the prefill token precedes round 0
-    prev = None
-    for t in res.trace or []:
-        one_round(t, committed, prev)
-        committed += len(t.committed)  # always: a wrong round must not shift the offset of the rounds after it
-        prev = t
+            out.append(f"{tag}: token events {[e.token for e in token_events]} != committed {t.committed}")
     if res.trace:
         # every token event after the prefill's lies in some round's verify window: one published
         # between two verifications (at draft time, say) was published before its token was verified
@@ -329,11 +356,28 @@ def trace_problems(
         outside = [i for i in tokens if i not in windows and i not in prefill]
         if outside:
             e = res.events[outside[0]]
-            rollback.append(f"{len(outside)} token events published outside every round's verify window, first: "
-                            f"event {outside[0]} (token {e.token} at index {e.index}), published before verification")
+            out.append(f"{len(outside)} token events published outside every round's verify window, first: "
+                       f"event {outside[0]} (token {e.token} at index {e.index}), published before verification")
+    committed = 1 + sum(len(t.committed) for t in res.trace or [])  # with the prefill token
     if res.trace is not None and committed != len(res.tokens):
-        rollback.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
-    return {"TRACE-ACCEPT": accept, "TRACE-RESIDUAL-BONUS": law, "TRACE-ROLLBACK": rollback, "BONUS-UNCACHED": bonus}
+        out.append(f"rounds commit {committed} tokens (with the prefill token), the result has {len(res.tokens)}")
+    return out
+
+
+def bonus_uncached_problems(res: GenerationResult, rule_name: str) -> list[str]:
+    """BONUS-UNCACHED, on the rounds whose acceptance re-derives: each after the
+    first is led by the last emitted token, and a fully accepted block leaves
+    k + 1 new cache entries: the bonus is emitted but not cached."""
+    out = []
+    for r in rederived_rounds(res, rule_name):
+        t, tag, k = r.t, r.tag, len(r.t.proposals)
+        if r.index > 0 and t.pending_token != res.tokens[r.committed - 1]:
+            out.append(f"{tag}: verification led by {t.pending_token}, not the last emitted token "
+                       f"{res.tokens[r.committed - 1]}")
+        if t.accepted == k and len(t.committed) == k + 1 and t.target_len_after != t.target_len_before + k + 1:
+            out.append(f"{tag}: after full acceptance the cache holds {t.target_len_after - t.target_len_before} "
+                       f"new entries, expected {k + 1} (the bonus stays uncached)")
+    return out
 
 
 # -- publication ---------------------------------------------------------------

@@ -2,7 +2,12 @@
 
 import pytest
 
-from mtpcheck.machinery.checks import trace_problems
+from mtpcheck.machinery.checks import (
+    accept_problems,
+    bonus_uncached_problems,
+    residual_bonus_problems,
+    rollback_problems,
+)
 from mtpcheck.machinery.configs import DIST_CONFIGS, request, seeded, spec_for
 
 
@@ -29,34 +34,39 @@ def traced(_traced, mtp_backend):
     return _traced
 
 
-def _check(traced, clause, rule):
+def _check(traced, problems_of):
+    """Fail with the first problems `problems_of(req, res, truth)` finds in the sample."""
     problems, rounds = [], 0
     for req, res, truth in traced:
         if res.trace is None:
             pytest.fail("the backend declares traces but returned none for trace=True")
         rounds += len(res.trace)
-        problems += [f"seed {req.sampling.seed}: {p}" for p in trace_problems(res, req, rule, truth)[clause]]
+        problems += [f"seed {req.sampling.seed}: {p}" for p in problems_of(req, res, truth)]
     assert rounds > 0, "no speculative rounds were traced"
     assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
 
 
 @pytest.mark.contract("TRACE-ACCEPT")
 def test_acceptance_decisions_rederive(traced, mtp_capabilities):
-    _check(traced, "TRACE-ACCEPT", mtp_capabilities.acceptance_rule)
+    rule = mtp_capabilities.acceptance_rule
+    _check(traced, lambda req, res, truth: accept_problems(res, req, rule, truth))
 
 
 @pytest.mark.contract("TRACE-RESIDUAL-BONUS")
 def test_corrections_and_bonus_from_the_right_laws(traced, mtp_capabilities):
-    _check(traced, "TRACE-RESIDUAL-BONUS", mtp_capabilities.acceptance_rule)
+    rule = mtp_capabilities.acceptance_rule
+    _check(traced, lambda req, res, truth: residual_bonus_problems(res, rule))
 
 
 @pytest.mark.contract("TRACE-ROLLBACK")
 def test_rollback_to_the_committed_prefix(traced, mtp_capabilities):
-    _check(traced, "TRACE-ROLLBACK", mtp_capabilities.acceptance_rule)
+    rule = mtp_capabilities.acceptance_rule
+    _check(traced, lambda req, res, truth: rollback_problems(res, req, rule))
 
 
 @pytest.mark.contract("BONUS-UNCACHED")
 def test_bonus_is_uncached_and_leads_the_next_round(traced, mtp_capabilities):
-    _check(traced, "BONUS-UNCACHED", mtp_capabilities.acceptance_rule)
+    rule = mtp_capabilities.acceptance_rule
+    _check(traced, lambda req, res, truth: bonus_uncached_problems(res, rule))
     bonuses = sum(t.next_kind == "bonus" for _, res, _ in traced for t in res.trace)
     assert bonuses > 0, "no fully accepted block in the sample: the bonus rule was not exercised"
