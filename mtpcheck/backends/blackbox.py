@@ -1,6 +1,6 @@
 """A backend seen from outside: the white-box capabilities withheld.
 
-Two masks (`mtpcheck mutants --black-box` / `--server`, issues 12 and 23):
+Two masks (`mtpcheck mutants --black-box` / `--server`):
 
 * ``output``: what a runtime shows in its final tokens alone - no round
   traces, logprobs, scheduler, lookahead or constraint hooks, and requests

@@ -27,9 +27,9 @@ DIST_CONFIGS = {
     "top_k": SamplingParams(temperature=0.8, top_k=8),
     "top_p": SamplingParams(temperature=1.0, top_p=0.8),
     "min_p": SamplingParams(temperature=1.2, min_p=0.05),
-    # every filter on both sides of T = 1 (issue 23): a processor-order bug (a cut on the temperature-1
+    # every filter on both sides of T = 1: a processor-order bug (a cut on the temperature-1
     # law, then tempering) shows only where a filter meets T != 1. With top_k at 0.8 and min_p at 1.2
-    # above, these make each filter cross both sides; the two top-p ones replace issue 12's unfiltered
+    # above, these make each filter cross both sides; the two top-p ones replace the earlier unfiltered
     # T = 0.7 and 1.3 and carry their tempering (a runtime that refuses top-k or min-p with speculation,
     # as vLLM does, still speculates on them). No name is a substring of another: the zoo selects one
     # configuration with pytest -k

@@ -1,5 +1,5 @@
 """Deliberately broken backends: the reference engine with one bug each, put
-where a runtime would have it (BUG-CLASSES.md). The suite must fail each on
+where a runtime would have it (docs/bug-classes.md). The suite must fail each on
 the clauses it declares; `mtpcheck.mutants:load_mutant` is a backend factory.
 
 The zoo (one or more mutants per bug class B01-B17) lives in

@@ -1,5 +1,5 @@
 """The mutant zoo's bugs: the reference engine with one bug each, put where a
-runtime has it (BUG-CLASSES.md, B01-B17).
+runtime has it (docs/bug-classes.md, B01-B17).
 
 Every bug is a subclass of one of the engine's own objects - the acceptance
 rule, a drafter, the engine's planning / commit / statistics / randomness
@@ -162,7 +162,7 @@ class UnfilteredDraftLaw:
     """The drafter samples from its processed law q (top-k / top-p / min-p
     applied) but hands verification the law at temperature only, without
     the filters: acceptance min(1, p/q') and the residual use the wrong q.
-    A per-position bias of TV 0.04-0.07 at top-k / top-p (issue 12)."""
+    A per-position bias of TV 0.04-0.07 at top-k / top-p."""
 
     def draw(self, logits, sp, history, seed, pos, cursor):
         tok, q, u = super().draw(logits, sp, history, seed, pos, cursor)
@@ -1078,7 +1078,7 @@ def starving_scheduler(backend):
     backend.open_scheduler = open_scheduler
 
 
-# -- issue 24: the whole rule of a black-box clause ---------------------------------------------
+# -- the whole rule of a black-box clause -------------------------------------------------------
 
 
 class BudgetOneShort(Engine):

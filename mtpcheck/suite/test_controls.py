@@ -1,5 +1,5 @@
 """CTRL-CONTRACT: sampling controls judged against the contract's definition,
-not only speculation against plain decoding (issue 22, item 4).
+not only speculation against plain decoding.
 
 REPORT-NO-SILENT-FALLBACK compares the two paths with each other. A bug both
 share (mlx-lm 0.31.2 left the prompt out of the penalty history on both) then
