@@ -113,13 +113,17 @@ def _warn_on_moved_rootdir(config) -> None:
         dirs = [p if p.is_dir() else p.parent for p in (here / a for a in paths) if p.exists()]
         return Path(os.path.commonpath(dirs)) if dirs else here
 
-    without, with_paths = ancestor(positional), ancestor(positional + [v for _, v in counted])
-    if without == with_paths or (config.inipath is not None and config.inipath.parent in (without, *without.parents)):
-        return  # the same folder, or the same ini file above both: the choice did not change
+    without = ancestor(positional)  # where pytest's search starts without those paths
+    if config.inipath is not None:  # found from the ancestor upwards: moved if it is not above `without`
+        moved = config.inipath.parent not in (without, *without.parents)
+    else:  # no ini file: pytest falls back to the common folder of the invocation folder and the ancestor
+        moved = config.rootpath != Path(os.path.commonpath([here, without]))
+    if not moved:
+        return
     config.issue_config_time_warning(pytest.PytestConfigWarning(
         f"pytest chose the rootdir {config.rootpath} counting {', '.join(v for _, v in counted)} as a test path, "
         f"before it knew mtpcheck's options: write {', '.join(f'{f}={v}' for f, v in counted)} to keep the "
-        "rootdir and the node ids"), stacklevel=2)
+        "rootdir (and the ini file, node ids and cache folder that follow from it)"), stacklevel=2)
 
 
 # -- xdist: workers run and send their reports; the controller records and writes
