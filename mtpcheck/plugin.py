@@ -1,396 +1,169 @@
-"""pytest11 entry point: options, markers, fixtures, report. Logic lives in
-the library (mtpcheck.machinery.harness, mtpcheck.machinery.checks, mtpcheck.machinery.report).
+"""pytest11 entry point: the --mtp-* options, the markers and the fixtures.
 
-Must not import mlx at load time: the plugin is loaded by every pytest run in
-an environment where mtpcheck is installed. The backend is loaded on first
-use, only by runs that hold suite tests.
+pytest loads this module in every session of an environment where mtpcheck
+is installed, so it is inert: it imports pytest and the standard library
+only, and registers the real hooks (mtpcheck._plugin_impl: settings, the
+recorder, xfails/skips files, capability skips, the report) only in a session
+that uses mtpcheck:
+
+- an --mtp-* option was given (on the command line, in addopts or
+  PYTEST_ADDOPTS), or
+- the suite is among the test paths (`--pyargs mtpcheck.suite`, a path inside
+  mtpcheck/suite, or a checkout folder that holds it), or
+- a collected test carries the `contract` marker or uses an mtp_* fixture
+  (a downstream suite run without options); under xdist the controller,
+  which collects nothing, turns on at the first report of such a test.
+
+The markers are registered in every session, as hypothesis registers its
+own: a downstream test module marked `contract` must import under
+--strict-markers before anything above can be seen. The fixtures live here
+too, so downstream suites find them; their bodies import on first use.
 """
 
 from __future__ import annotations
 
-import json
-import warnings
+from pathlib import Path
 
 import pytest
 
-from mtpcheck.machinery.report import (
-    CAPABILITIES_PROPERTY,
-    CLAUSE_PROPERTY,
-    EVIDENCE_PROPERTY,
-    EXERCISE_PROPERTY,
-    XFAIL_SECTION,
-    RunRecorder,
-    is_clause_failure,
-    match_lines,
-    side_of,
-    to_plain,
+IMPL = "mtpcheck-hooks"  # the name mtpcheck._plugin_impl is registered under
+SUITE_MODULE = "mtpcheck.suite"
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+MARKERS = (
+    "contract(clause_id): the catalogue clause this suite test checks",
+    "requires(*capabilities): capabilities needed beyond the clause's own",
+    "exercise(*needs, reason): what this test's sample must exercise, in place of its clause's catalogue field "
+    "('accepted', 'rejected'; none: exempt, with why)",
 )
-
-STASH_BACKEND = pytest.StashKey[object]()
-STASH_XFAIL_LINE = pytest.StashKey[str]()
-STASH_XFAIL_SIDE = pytest.StashKey[str]()  # the side the matching xfails line documents (side=...)
-STASH_RECORDER = pytest.StashKey[RunRecorder]()
-STASH_SETTINGS = pytest.StashKey[dict]()
-STASH_CAPS_SENT = pytest.StashKey[bool]()
-# loading a real checkpoint takes minutes where one call takes seconds: the
-# factory gets its own, longer limit (a hang is still named, not waited on)
-LOAD_TIMEOUT = 600.0
+# report properties only mtpcheck writes (mtpcheck.machinery.report: CLAUSE_PROPERTY,
+# EVIDENCE_PROPERTY, CAPABILITIES_PROPERTY), spelled out so this module imports nothing
+OWN_PROPERTIES = frozenset({"clause", "mtp_evidence", "mtp_capabilities"})
+_DEFAULTS: dict[str, object] = {}  # option dest -> default, filled by pytest_addoption
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("mtpcheck", "mtpcheck: speculative decoding conformance")
-    group.addoption("--mtp-backend", default="mlx",
-                    help="backend: a built-in name, an entry point in 'mtpcheck.backends', or package.module:factory (default: mlx)")
-    group.addoption("--mtp-backend-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="option passed to the backend factory (repeatable)")
-    group.addoption("--mtp-profile", default="ci", choices=["ci", "dev", "thorough"],
-                    help="sample sizes and hypothesis example counts (default: ci)")
-    group.addoption("--mtp-seed", default="1234", help="base seed of the run, or 'random' (default: 1234)")
-    group.addoption("--mtp-timeout", default="120", help="per-call backend timeout in seconds (0: none)")
-    group.addoption("--mtp-load-timeout", default=None,
-                    help="timeout of the backend factory in seconds (0: none; default: the larger of --mtp-timeout"
-                         f" and {LOAD_TIMEOUT:g})")
-    group.addoption("--mtp-xfails-file", default=None, help="node-id prefixes or clause ids to xfail, '#' comments")
-    group.addoption("--mtp-xfails-strict", action="store_true", default=False,
-                    help="an xfails line whose test passes fails the run (XPASS(strict)), as in array-api-tests' CI use")
-    group.addoption("--mtp-skips-file", default=None, help="node-id prefixes or clause ids to skip, '#' comments")
-    group.addoption("--mtp-json", default=None, metavar="PATH", help="write a machine-readable report")
-    group.addoption("--mtp-markdown", default=None, metavar="PATH",
-                    help="write the clause table with the evidence summary as Markdown (for a pull request)")
-    group.addoption("--mtp-clauses", default=None, metavar="ID,ID",
-                    help="run only the suite tests of these clause ids (comma-separated)")
+
+    def add(name, **kwargs):
+        group.addoption(name, **kwargs)
+        _DEFAULTS[name[2:].replace("-", "_")] = kwargs.get("default")
+
+    add("--mtp-backend", default="mlx",
+        help="backend: a built-in name, an entry point in 'mtpcheck.backends', or package.module:factory (default: mlx)")
+    add("--mtp-backend-option", action="append", default=[], metavar="KEY=VALUE",
+        help="option passed to the backend factory (repeatable)")
+    add("--mtp-profile", default="ci", choices=["ci", "dev", "thorough"],
+        help="sample sizes and hypothesis example counts (default: ci)")
+    add("--mtp-seed", default="1234", help="base seed of the run, or 'random' (default: 1234)")
+    add("--mtp-timeout", default="120", help="per-call backend timeout in seconds (0: none)")
+    add("--mtp-load-timeout", default=None,
+        help="timeout of the backend factory in seconds (0: none; default: the larger of --mtp-timeout"
+             " and 600)")  # mtpcheck._plugin_impl.LOAD_TIMEOUT: not imported here
+    add("--mtp-xfails-file", default=None, help="node-id prefixes or clause ids to xfail, '#' comments")
+    add("--mtp-xfails-strict", action="store_true", default=False,
+        help="an xfails line whose test passes fails the run (XPASS(strict)), as in array-api-tests' CI use")
+    add("--mtp-skips-file", default=None, help="node-id prefixes or clause ids to skip, '#' comments")
+    add("--mtp-json", default=None, metavar="PATH",
+        help="write a machine-readable report (write --mtp-json=PATH: pytest counts a space-separated PATH "
+             "that exists among the test paths when it chooses the rootdir)")
+    add("--mtp-markdown", default=None, metavar="PATH",
+        help="write the clause table with the evidence summary as Markdown (for a pull request)")
+    add("--mtp-clauses", default=None, metavar="ID,ID",
+        help="run only the suite tests of these clause ids (comma-separated)")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config, parser, args):
-    """pytest fixes the rootdir before it knows plugins' options, so the PATH of
-    `--mtp-json PATH` (space-separated, as README writes it) was taken for a test
-    path and the rootdir moved to its folder (node ids then led there, `../..`).
-    Now that the options are known, determine it again from the real test paths."""
-    if not any(a.startswith("--mtp-") and "=" not in a for a in args) or early_config.known_args_namespace.rootdir:
-        return
-    try:
-        from _pytest.config.findpaths import determine_setup
+def activate(config):
+    """Register the real hooks once and return their module. pytest_configure
+    is a historic hook: pytest calls the module's own on registration, even
+    when that comes after the session was configured."""
+    from mtpcheck import _plugin_impl
 
-        ns = early_config.known_args_namespace
-        rootpath, inipath, inicfg, _ = determine_setup(
-            inifile=ns.inifilename, override_ini=ns.override_ini, args=ns.file_or_dir, rootdir_cmd_arg=None,
-            invocation_dir=early_config.invocation_params.dir)
-    except Exception:  # pytest's internals moved: keep its answer
-        return
-    if rootpath == early_config.rootpath:
-        return
-    if ns.confcutdir == str(early_config.inipath.parent if early_config.inipath else early_config.rootpath):
-        ns.confcutdir = str(inipath.parent if inipath else rootpath)
-    early_config._rootpath, early_config._inipath, early_config._inicfg = rootpath, inipath, inicfg
-    early_config._inicache.clear()
-    early_config._parser.extra_info.update(rootdir=str(rootpath), inifile=str(inipath))
+    if not config.pluginmanager.has_plugin(IMPL):
+        config.pluginmanager.register(_plugin_impl, IMPL)
+    return _plugin_impl
 
 
-def _is_worker(config) -> bool:
-    return hasattr(config, "workerinput")  # an xdist worker: the controller reports
+def _option_given(config) -> bool:
+    args = [*config.invocation_params.args, *config.getini("addopts")]
+    return any(str(a).startswith("--mtp-") for a in args) or any(
+        config.getoption(dest) != default for dest, default in _DEFAULTS.items())
+
+
+def _names_suite(config) -> bool:
+    """The test paths hold the suite: a module name with --pyargs, or a path
+    inside mtpcheck/suite or above it (not through an installed package's
+    folder, which pytest does not collect into: a project's own .venv)."""
+    base = config.rootpath if config.args_source == pytest.Config.ArgsSource.TESTPATHS else config.invocation_params.dir
+    for arg in config.args:
+        target = str(arg).split("::")[0]
+        if config.option.pyargs and target and (SUITE_MODULE.startswith(target + ".") or target == SUITE_MODULE
+                                                or target.startswith(SUITE_MODULE + ".")):
+            return True
+        try:
+            path = (base / target).resolve()
+        except (OSError, ValueError):
+            continue
+        if path == SUITE_DIR or SUITE_DIR in path.parents:
+            return True
+        if path in SUITE_DIR.parents and not any(part.startswith(".") or part in ("site-packages", "dist-packages")
+                                                 for part in SUITE_DIR.relative_to(path).parts):
+            return True
+    return False
+
+
+def _xdist_controller(config) -> bool:
+    # xdist's own test for a distributed run (its pytest_cmdline_main has set both)
+    return config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None)) and not (
+        config.getoption("collectonly") or hasattr(config, "workerinput"))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "contract(clause_id): the catalogue clause this suite test checks")
-    config.addinivalue_line("markers", "requires(*capabilities): capabilities needed beyond the clause's own")
-    config.addinivalue_line("markers", "exercise(*needs, reason): what this test's sample must exercise, in place of "
-                                       "its clause's catalogue field ('accepted', 'rejected'; none: exempt, with why)")
-    from mtpcheck.backends import UnknownBackendError, parse_options, resolve_factory
-    from mtpcheck.machinery.settings import (
-        SettingsError,
-        check_backend_options,
-        check_id_file,
-        check_seed,
-        check_timeout,
-        check_writable,
-    )
-
-    try:  # bad settings fail at start-up, each in one line (exit 4)
-        name = config.getoption("--mtp-backend")
-        options = parse_options(config.getoption("--mtp-backend-option"))
-        check_backend_options(name, resolve_factory(name), options)
-        timeout = check_timeout(config.getoption("--mtp-timeout"))
-        load = config.getoption("--mtp-load-timeout")
-        load_timeout = check_timeout(load, "--mtp-load-timeout") if load is not None else (
-            max(timeout, LOAD_TIMEOUT) if timeout else None)
-        seed = check_seed(config.getoption("--mtp-seed")) if not _is_worker(config) else None
-        for option in ("--mtp-json", "--mtp-markdown"):
-            check_writable(config.getoption(option), option)
-        id_files = {o: check_id_file(config.getoption(o), o) for o in ("--mtp-skips-file", "--mtp-xfails-file")}
-        if config.getoption("--mtp-clauses"):
-            from mtpcheck.catalogue import load_catalogue
-
-            ids = {w.strip() for w in config.getoption("--mtp-clauses").split(",") if w.strip()}
-            unknown = sorted(ids - set(load_catalogue().by_id()))
-            if unknown:
-                raise SettingsError(f"--mtp-clauses: unknown clause ids {unknown}; see `mtpcheck contracts list`")
-    except (UnknownBackendError, SettingsError) as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if seed is None:  # xdist workers take the controller's seed ('random' is drawn once)
-        seed = config.workerinput["mtpcheck_seed"]
-    recorder = RunRecorder(backend=name, options=options, profile=config.getoption("--mtp-profile"), seed=seed)
-    if config.getoption("--mtp-json") and not _is_worker(config):
-        from pathlib import Path
-
-        recorder.sink = Path(config.getoption("--mtp-json"))
-    config.stash[STASH_RECORDER] = recorder
-    config.stash[STASH_SETTINGS] = {"timeout": timeout, "load_timeout": load_timeout, "id_files": id_files}
-    config.pluginmanager.register(recorder, "mtpcheck-recorder")  # receives pytest_runtest_logreport
-
-
-# -- xdist: workers run and send their reports; the controller records and writes
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    node.workerinput["mtpcheck_seed"] = node.config.stash[STASH_RECORDER].seed
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem, report, sched):
-    """A worker died in native code: its test is named crashed; xdist starts a
-    fresh worker (a fresh backend process) for the rest of the run."""
-    rec = report.node.config.stash.get(STASH_RECORDER, None) if hasattr(report, "node") else None
-    if rec is not None:
-        rec.note_crash(crashitem)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    rec = node.config.stash.get(STASH_RECORDER, None)
-    data = getattr(node, "workeroutput", {}).get("mtpcheck")
-    if rec is not None and data:
-        rec.merge_worker(data)
-
-
-def _backend(config):
-    """Load the backend once; a load failure is recorded and re-raised per test."""
-    if STASH_BACKEND not in config.stash:
-        from mtpcheck.backends import load_backend
-        from mtpcheck.machinery.harness import Guarded, call_with_timeout
-
-        rec, timeout = config.stash[STASH_RECORDER], config.stash[STASH_SETTINGS]["timeout"]
-        try:  # a factory that hangs hits the timeout too
-            backend = call_with_timeout(load_backend, rec.backend, rec.options,
-                                        timeout=config.stash[STASH_SETTINGS]["load_timeout"],
-                                        what=f"the factory of backend {rec.backend!r}")
-            guarded = Guarded(backend, timeout=timeout)
-            rec.capabilities = guarded.capabilities().model_dump(mode="json")
-            config.stash[STASH_BACKEND] = guarded
-        except Exception as exc:
-            rec.backend_error = f"{type(exc).__name__}: {exc}"
-            config.stash[STASH_BACKEND] = exc
-    value = config.stash[STASH_BACKEND]
-    if isinstance(value, Exception):
-        raise value
-    return value
-
-
-def _clause_ids(item) -> list[str]:
-    return [m.args[0] for m in item.iter_markers("contract") if m.args]
-
-
-def pytest_collection_modifyitems(session, config, items):
-    suite_items = [i for i in items if _clause_ids(i)]
-    if not suite_items:
-        return
-    # the files first, over every suite test: a line naming a test that --mtp-clauses
-    # then deselects is not a stale line
-    strict = config.getoption("--mtp-xfails-strict")
-    for option, marker in (("--mtp-skips-file", "skip"), ("--mtp-xfails-file", "xfail")):
-        entries = config.stash[STASH_SETTINGS]["id_files"][option]
-        if not entries:
-            continue
-        unmatched = match_lines(entries, suite_items, _clause_ids)
-        sides = {e.entry: e.side for e in entries}
-        for item, line, reason in unmatched.pop("__matches__"):
-            if marker == "skip":
-                item.add_marker(pytest.mark.skip(reason=reason))
-            else:
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
-                item.stash[STASH_XFAIL_LINE] = line
-                if sides.get(line):
-                    item.stash[STASH_XFAIL_SIDE] = sides[line]
-        for line in unmatched["__unused__"]:
-            warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
-    wanted = config.getoption("--mtp-clauses")
-    if wanted:
-        ids = {w.strip() for w in wanted.split(",") if w.strip()}
-        keep = [i for i in items if set(_clause_ids(i)) & ids]
-        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
-        items[:] = keep
-        suite_items = keep
-    for item in suite_items:  # plain strings: JUnit XML shows <property name="clause" value="DIST-EQUIV"/>
-        item.user_properties.extend((CLAUSE_PROPERTY, cid) for cid in _clause_ids(item))
-
-
-def pytest_collection_finish(session):
-    rec = session.config.stash[STASH_RECORDER]
-    rec.note_collected(session.items)  # after every deselection (-k, --mtp-clauses)
-    if not any(_clause_ids(i) for i in session.items):
-        return
-    tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    try:
-        _backend(session.config)
-    except Exception as exc:
-        if tr:
-            tr.write_line(f"mtpcheck: backend {rec.backend!r} failed to load: {type(exc).__name__}: {exc}", red=True)
-        return
-    if tr:
-        for line in rec.header_lines():
-            tr.write_line(line)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """An xfails line documents a failure of its clause's check: a test that
-    raised anything else (the backend raised, hung, returned garbage) is
-    reported as what it is, and the line is named as not covering it."""
-    outcome = yield
-    line = item.stash.get(STASH_XFAIL_LINE, None)
-    rep = outcome.get_result()
-    if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
-        return
-    exc = call.excinfo.value
-    if not is_clause_failure(exc):
-        why = f"xfails line {line!r} covers a failure of the clause's check, this test raised {type(exc).__name__}:"
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if _option_given(config) or _names_suite(config):
+        activate(config)
+    elif _xdist_controller(config):
+        config.pluginmanager.register(_ReportWatcher(config), "mtpcheck-watcher")
     else:
-        pinned = item.stash.get(STASH_XFAIL_SIDE, None)
-        found = _failure_side(item)
-        if pinned is None or found == pinned:
+        config.pluginmanager.register(_CollectionWatcher(), "mtpcheck-watcher")
+
+
+def _uses_mtpcheck(item) -> bool:
+    return item.get_closest_marker("contract") is not None or any(
+        name.startswith("mtp_") for name in getattr(item, "fixturenames", ()))
+
+
+class _CollectionWatcher:
+    """A session with no --mtp-* option and no suite path: turn on when a
+    collected test is a suite test or uses the plugin's fixtures."""
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        if not config.pluginmanager.has_plugin(IMPL) and any(_uses_mtpcheck(i) for i in items):
+            # registered during this hook call, so pluggy does not call its own: pass the items on
+            activate(config).pytest_collection_modifyitems(session, config, items)
+
+
+class _ReportWatcher:
+    """An xdist controller collects nothing: turn on at the first report that
+    carries mtpcheck's properties (the recorder registered now missed it)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report):
+        if self.config.pluginmanager.has_plugin(IMPL) or not any(
+                k in OWN_PROPERTIES for k, _ in report.user_properties):
             return
-        why = (f"deviating side {found or 'not named by the clause'}, the xfails line documents side={pinned} "
-               f"({line!r}):")
-    rep.outcome = "failed"
-    del rep.wasxfail
-    rep.sections.append((XFAIL_SECTION, f"not the documented deviation: {why}"))
+        activate(self.config).recorder(self.config).pytest_runtest_logreport(report)
 
 
-def _failure_side(item) -> str | None:
-    return side_of([json.loads(v) for k, v in item.user_properties if k == EVIDENCE_PROPERTY])
-
-
-def pytest_runtest_setup(item):
-    __tracebackhide__ = True
-    ids = _clause_ids(item)
-    if not ids:
-        return
-    from mtpcheck.catalogue import load_catalogue
-    from mtpcheck.machinery.checks import missing_capabilities, skip_reason
-
-    backend = _backend(item.config)
-    backend.start_tally()  # before the fixtures: a shared sample counts for the test that draws it
-    if _is_worker(item.config) and not item.config.stash.get(STASH_CAPS_SENT, False):
-        # with the first report, not only at the end: an interrupted worker's end never reaches the controller
-        item.config.stash[STASH_CAPS_SENT] = True
-        item.user_properties.append((CAPABILITIES_PROPERTY, json.dumps(item.config.stash[STASH_RECORDER].capabilities)))
-    clauses = load_catalogue().by_id()
-    needed = [c for i in ids if i in clauses for c in clauses[i].requires]
-    needed += [c for m in item.iter_markers("requires") for c in m.args]
-    missing = missing_capabilities(backend.capabilities(), needed)
-    if missing:
-        pytest.skip(skip_reason(backend.capabilities(), missing))
-    caps = backend.capabilities()
-    if (caps.target_distributions or caps.raw_logits) and ("target_distributions" in needed or set(ids) & TRUTH_READERS):
-        _check_ground_truth(item.config, backend)
-
-
-# clauses that read the ground truth without requiring target_distributions (gaps, raw logits)
-TRUTH_READERS = {"CTRL-CONTRACT", "GREEDY-EQUIV"}
-STASH_TRUTH = pytest.StashKey[object]()
-
-
-def _check_ground_truth(config, backend) -> None:
-    """Once per process, before the first clause that judges against the
-    backend's ground truth: its plain path held to it (machinery.truth). A call
-    of the check that raises is the test's error and is tried again by the next."""
-    __tracebackhide__ = True
-    from mtpcheck.machinery.truth import GroundTruthError, verdict
-
-    if STASH_TRUTH not in config.stash:
-        from mtpcheck.fixture import fixture_prompts
-
-        config.stash[STASH_TRUTH] = verdict(backend, backend.capabilities(), list(fixture_prompts(backend).values()))
-    if config.stash[STASH_TRUTH]:
-        raise GroundTruthError(config.stash[STASH_TRUTH])
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    """A test that passed on speculative results holding no accepted (or, for
-    a rule about rejections, no rejected) proposal judged nothing of
-    speculation: it fails, named, unless every such request was declared
-    unaccelerated (then it skips, naming the control)."""
-    __tracebackhide__ = True
-    ids = _clause_ids(item)
-    if not ids:
-        return (yield)
-    backend = item.config.stash.get(STASH_BACKEND, None)
-    tally = getattr(backend, "tally", None)
-    try:
-        result = yield
-    finally:
-        counts = tally.as_dict() if tally is not None else None
-        if counts and counts["requests"]:
-            item.user_properties.append((EXERCISE_PROPERTY, json.dumps(counts)))
-    if counts:
-        from mtpcheck.catalogue import load_catalogue
-        from mtpcheck.machinery.exercise import NotExercised, verdict
-
-        marker = item.get_closest_marker("exercise")
-        clauses = load_catalogue().by_id()
-        needs = list(marker.args) if marker else sorted({n for i in ids if i in clauses for n in clauses[i].exercise})
-        found = verdict(counts, needs)
-        if found and found[0] == "skip":
-            pytest.skip(found[1])
-        if found:
-            raise NotExercised(found[1])
-    return result
-
-
-def pytest_sessionfinish(session, exitstatus):
-    config = session.config
-    rec = config.stash.get(STASH_RECORDER, None)
-    if rec is None:
-        return
-    if _is_worker(config):  # the controller merges this and writes the one report
-        config.workeroutput["mtpcheck"] = to_plain(rec.worker_output())
-        return
-    rec.finish(exitstatus, session.shouldfail or session.shouldstop)
-    for option, write in (("--mtp-json", rec.write_json), ("--mtp-markdown", rec.write_markdown)):
-        if config.getoption(option):
-            write(config.getoption(option))
-
-
-def pytest_unconfigure(config):
-    """Close the backend once the run is over: a backend that started processes
-    (llama-server) stops them here, not only at interpreter exit."""
-    backend = config.stash.get(STASH_BACKEND, None)
-    close = getattr(getattr(backend, "backend", None), "close", None)
-    if callable(close):
-        close()
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    rec = config.stash.get(STASH_RECORDER, None)
-    if rec is not None and rec.has_clauses() and not _is_worker(config):
-        terminalreporter.section("mtpcheck clauses")
-        if config.pluginmanager.hasplugin("dsession"):  # xdist: the workers' header lines were not shown
-            for line in rec.header_lines():
-                terminalreporter.write_line(line)
-        for line in rec.table_lines() + rec.closing_lines(config.getoption("--mtp-json"),
-                                                         config.getoption("--mtp-markdown")):
-            terminalreporter.write_line(line)
-
-
-# -- fixtures ----------------------------------------------------------------
+# -- fixtures: bodies import on first use -----------------------------------
 
 
 @pytest.fixture(scope="session")
 def mtp_backend(request):
     """The backend under test, guarded: timeouts, validation, named errors."""
-    return _backend(request.config)
+    return activate(request.config).guarded_backend(request.config)
 
 
 @pytest.fixture(scope="session")
@@ -407,7 +180,7 @@ def mtp_profile(request):
 
 @pytest.fixture(scope="session")
 def mtp_seed(request) -> int:
-    return request.config.stash[STASH_RECORDER].seed
+    return activate(request.config).recorder(request.config).seed
 
 
 @pytest.fixture(scope="session")
@@ -423,6 +196,11 @@ def mtp_record(request):
     """Record evidence for the JSON report: mtp_record(key=value, ...). Any test
     may call it: one without a contract marker is recorded under "tests" with
     no clauses (docs/downstream.md)."""
+    import json
+
+    from mtpcheck.machinery.report import EVIDENCE_PROPERTY, to_plain
+
+    activate(request.config)
 
     def record(**evidence):
         # plain JSON text: xdist can send it (numpy scalars it cannot), JUnit shows it as it is

@@ -339,18 +339,43 @@ def test_mtpcheck_run_bad_settings_exit_2(capsys, argv, message):
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
-# -- `--mtp-json PATH` (space-separated) keeps the suite's node ids ----------------------------
+# -- the report's path and pytest's rootdir ---------------------------------------------------
 
 
-def test_space_separated_report_path_keeps_node_ids(tree, monkeypatch):
-    """pytest took the PATH of `--mtp-json PATH` for a test path when it chose the rootdir: a report
-    outside the project moved the rootdir up to a common ancestor, and node ids gained its prefix."""
+def _project_and_reports(tree, monkeypatch):
     project, elsewhere = tree.path / "project", tree.path / "reports"
     project.mkdir(), elsewhere.mkdir()
     (tree.path / "test_down.py").rename(project / "test_down.py")
     (elsewhere / "r.json").write_text("{}")  # an earlier run's report: an existing path
     monkeypatch.chdir(project)
-    result = tree.runpytest_inprocess("-p", "no:cacheprovider", BACKEND, "-rA", "--mtp-json", str(elsewhere / "r.json"))
+    return elsewhere / "r.json"
+
+
+def test_report_path_outside_the_project_keeps_node_ids(tree, monkeypatch):
+    """`--mtp-json=PATH`: pytest chooses the rootdir from the test paths alone."""
+    report = _project_and_reports(tree, monkeypatch)
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider", BACKEND, "-rA", f"--mtp-json={report}")
     result.stdout.fnmatch_lines(["PASSED test_down.py::test_greedy"])
-    data = json.loads((elsewhere / "r.json").read_text())
-    assert "test_down.py::test_greedy" in data["tests"]
+    assert "test_down.py::test_greedy" in json.loads(report.read_text())["tests"]
+    result.stdout.no_fnmatch_line("*PytestConfigWarning*")
+
+
+def test_space_separated_report_path_that_moved_the_rootdir_is_named(tree, monkeypatch):
+    """pytest chooses the rootdir before it loads plugins, so the PATH of a space-separated
+    `--mtp-json PATH` that exists counts as a test path: a report outside the project moves the
+    rootdir up to a common ancestor. pytest has no public way to undo that; the run says which
+    form keeps it."""
+    report = _project_and_reports(tree, monkeypatch)
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider", BACKEND, "--mtp-json", str(report))
+    result.stdout.fnmatch_lines([f"*PytestConfigWarning: pytest chose the rootdir {tree.path} counting {report} "
+                                 f"as a test path*write --mtp-json={report} to keep the rootdir*"])
+    assert "project/test_down.py::test_greedy" in json.loads(report.read_text())["tests"]
+
+
+def test_space_separated_report_path_inside_the_folder_is_quiet(tree, monkeypatch):
+    """A PATH below the invocation folder, with test paths given: the rootdir is the same."""
+    (tree.path / "out").mkdir()
+    (tree.path / "out" / "r.json").write_text("{}")
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider", BACKEND, "test_down.py", "--mtp-json", "out/r.json")
+    result.stdout.no_fnmatch_line("*PytestConfigWarning*")
+    assert "test_down.py::test_greedy" in json.loads((tree.path / "out" / "r.json").read_text())["tests"]
