@@ -38,6 +38,7 @@ FAST = {
     "trace": "unnormalised-residual",
     "stop": "stop-checked-per-block",
     "seed": "unseeded-acceptance",
+    "independence": "samples-share-the-parent-seed",
     "scheduler": "counts-cancelled-round",
 }
 FAMILY_MODULES = {
@@ -48,6 +49,7 @@ FAMILY_MODULES = {
     "trace": ("test_traces.py",),
     "stop": ("test_stops.py",),
     "seed": ("test_seeds.py",),
+    "independence": ("test_independence.py",),
     "scheduler": ("test_scheduler.py",),
 }
 FAST_SELECT = DIST_SELECT  # the distribution clauses on the `temperature` configuration only

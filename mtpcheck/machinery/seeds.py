@@ -91,8 +91,8 @@ def sample_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, s
     request under s and n under s + 1 (generate_n); samples j and j + 1 of one
     request ("within a request") and every sample of s against every sample of
     s + 1 ("neighbouring seeds"), concatenated by kind and lag. `control`: the
-    partner samples (j + 1 of s, and those of s + 1) come from a request under
-    an unrelated seed instead (the empirical null)."""
+    same pairs among 2n single requests under distinct unrelated seeds (the
+    empirical null: the runtime's own law, without its n-sample path)."""
     sp = SamplingParams(temperature=temperature)
     series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -102,20 +102,28 @@ def sample_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, s
             series[f"{kind}, {key}"] = (h, p) if old is None else (np.concatenate([old[0], h]),
                                                                    np.concatenate([old[1], p]))
 
+    def one(prompt, res):
+        laws = backend.target_distributions(prompt, res.tokens, sp)
+        return res.tokens, laws, None if caps.truncated_laws else pit_values(res.tokens, laws, rng)
+
+    def req(prompt, seed):
+        return request(prompt, n_tokens, sp.model_copy(update={"seed": seed}), spec_for(caps), stop_token_ids=[])
+
     for r, base in enumerate(seeds):
         prompt = prompts[r % len(prompts)]
-        runs = {}
-        partner = unrelated(base) if control else base + 1
-        for s in (base, partner):
-            req = request(prompt, n_tokens, sp.model_copy(update={"seed": s}), spec_for(caps), stop_token_ids=[])
-            runs[s] = []
-            for res in backend.generate_n(req, n):
-                laws = backend.target_distributions(prompt, res.tokens, sp)
-                runs[s].append((res.tokens, laws, None if caps.truncated_laws else pit_values(res.tokens, laws, rng)))
-        within = runs[partner] if control else runs[base]
+        if control:
+            # 2n single requests under distinct unrelated seeds: samples of one call may be the very
+            # copies under test, and a copy paired n times would read as excess coincidence
+            singles = [one(prompt, backend.generate(req(prompt, unrelated(base * 4 * n + i)))) for i in range(2 * n)]
+            mine, partner = singles[:n], singles[n:]
+            within = [mine[0], *partner[1:]]  # mine[j] against partner[j + 1]: two unrelated requests
+        else:
+            mine = [one(prompt, res) for res in backend.generate_n(req(prompt, base), n)]
+            partner = [one(prompt, res) for res in backend.generate_n(req(prompt, base + 1), n)]
+            within = mine
         for j in range(n - 1):
-            add("within a request", run_pair_series(runs[base][j], within[j + 1], bool(caps.truncated_laws)))
+            add("within a request", run_pair_series(mine[j], within[j + 1], bool(caps.truncated_laws)))
         for j in range(n):
             for k in range(n):
-                add("neighbouring seeds", run_pair_series(runs[base][j], runs[partner][k], bool(caps.truncated_laws)))
+                add("neighbouring seeds", run_pair_series(mine[j], partner[k], bool(caps.truncated_laws)))
     return series
