@@ -278,6 +278,9 @@ ZOO: list[Mutant] = [
     Mutant("starving-scheduler", "-", "the scheduler always serves the lowest runnable request id",
            ("SCHED-FAIR",), _zoo("starving_scheduler"), scope="backend",
            invisible="scheduling order needs the scheduler hook, withheld black-box"),
+    Mutant("publishes-after-stop-in-block", "B10", "a block is published before the stop rule cuts it: the tokens "
+           "after a stop accepted inside it are streamed, the result cut right", ("STOP-IN-BLOCK",),
+           _zoo("publishes_after_stop_in_block")),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}

@@ -1115,3 +1115,24 @@ class PreviousSeedMixed(Engine):
 
 def previous_seed_mixed(engine):
     become(engine, PreviousSeedMixed)
+
+
+
+class PublishesAfterStopInBlock(Engine):
+    """B10: a round's block is published (token events, the stream) before the
+    stop rule cuts it: a stop token accepted inside a block ends the result's
+    tokens right, but the block's later tokens were already published."""
+
+    def commit(self, st, emitted, logprobs):
+        c = super().commit(st, emitted, logprobs)
+        out = st.out
+        if out.finish_reason == "stop" and c < len(emitted) and out.tokens[-1] in st.matcher.eos:
+            at = next(i for i, e in enumerate(out.events) if isinstance(e, StopEvent))
+            extra = [TokenEvent(index=len(out.tokens) + i, token=t, logprob=lp)
+                     for i, (t, lp) in enumerate(zip(emitted[c:], logprobs[c:], strict=True))]
+            out.events[at:at] = extra
+        return c
+
+
+def publishes_after_stop_in_block(engine):
+    become(engine, PublishesAfterStopInBlock)

@@ -7,13 +7,43 @@ from mtpcheck.machinery.configs import request, spec_for, without_speculation
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _plain(backend, prompt, n):
-    return backend.generate(request(prompt, n, GREEDY, False, stop_token_ids=[]))
+LONG = 32  # tokens of the greedy outputs every stop and budget is cut from
+BUDGET_MAX = 12  # budgets aimed inside accepted blocks stay this short
+
+
+class _Greedy:
+    """Each prompt's greedy output without stops, computed once for the module:
+    the plain one every stop and budget is cut from, and a speculative probe per
+    depth, whose report shows where the backend's own drafter had proposals
+    accepted."""
+
+    def __init__(self, backend, prompts):
+        self.backend, self.prompts, self.memo = backend, prompts, {}
+
+    def plain(self, name):
+        return self._get(name, False)
+
+    def probe(self, name, spec):
+        return self._get(name, spec)
+
+    def _get(self, name, spec):
+        key = (name, spec and spec["num_draft_tokens"])
+        if key not in self.memo:
+            self.memo[key] = self.backend.generate(request(self.prompts[name], LONG, GREEDY, spec, stop_token_ids=[]))
+        return self.memo[key]
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(mtp_backend, mtp_fixture):
+    return _Greedy(mtp_backend, mtp_fixture)
 
 
 def _published_after_stop(res):
+    """Token events past the stop: after the stop event, or for tokens the result
+    does not hold (a block published before the stop rule cut it)."""
     stop_at = next((i for i, e in enumerate(res.events) if isinstance(e, StopEvent | FinishEvent)), len(res.events))
-    return [e for e in res.events[stop_at:] if isinstance(e, TokenEvent)]
+    late = [e for e in res.events[stop_at:] if isinstance(e, TokenEvent)]
+    return late or [e for e in res.events if isinstance(e, TokenEvent) and e.index >= len(res.tokens)]
 
 
 def _judge(backend, req, res, problem, record) -> None:
@@ -30,41 +60,82 @@ def _judge(backend, req, res, problem, record) -> None:
     pytest.fail(f"{SIDE_WORDS[side]}: {why}" + (f"; with speculation off: {plain_why}" if plain_why else ""))
 
 
+def _aimed(probe, plain, first_token_from_prefill: bool, most: int, unique: bool = True, below: int = LONG) -> list[int]:
+    """Up to `most` output indices (spread over the probe) of tokens that were
+    accepted proposals in the speculative probe, where the probe agrees with the
+    plain output up to them and (unique) the token occurs there first: a stop
+    or budget there cuts an accepted block, for any runtime whose greedy
+    speculation repeats itself. Found from the report alone (accept_lens)."""
+    s, lead = probe.speculation, int(first_token_from_prefill)
+    if not s.used:
+        return []
+    found, start = [], lead
+    for a in s.accept_lens:
+        found += range(start, start + a)
+        start += a + 1
+    found = [i for i in found if i + 1 < min(len(probe.tokens), len(plain.tokens), below)
+             and probe.tokens[: i + 2] == plain.tokens[: i + 2]
+             and (not unique or plain.tokens.index(plain.tokens[i]) == i)]
+    return found if len(found) <= most else [found[round(k * (len(found) - 1) / max(most - 1, 1))] for k in range(most)]
+
+
+def _inside_a_block(res, i: int, first_token_from_prefill: bool) -> bool:
+    """Output token i was an accepted proposal (not a round's bonus or correction),
+    as the report places it: the round had more to emit after it."""
+    return len(res.tokens) > i and token_role(res, i, first_token_from_prefill) == "accepted"
+
+
 SIDE_WORDS = {"speculative": "speculative path deviates (the same request with speculation off conforms)",
               "both": "both paths deviate (not speculative: the same request with speculation off fails the same rule)"}
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
 @pytest.mark.parametrize("depth", [1, 3, 5])
-def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, depth):
+def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, greedy_outputs, depth):
+    """A stop token ends the output at its first occurrence. Besides fixed cuts,
+    the stop is aimed inside accepted blocks: at tokens that the backend's own
+    drafter proposed and the target accepted in a probe without stops, so a
+    runtime that emits the rest of such a block is seen whatever its drafter."""
     depth = min(depth, mtp_capabilities.max_depth)
-    for prompt in mtp_fixture.values():
-        plain = _plain(mtp_backend, prompt, 32)
-        for cut in (2, 5, 9, 17):
+    spec = spec_for(mtp_capabilities, depth)
+    first = mtp_capabilities.first_token_from_prefill
+    inside, roles = 0, {}
+    for name, prompt in mtp_fixture.items():
+        plain = greedy_outputs.plain(name)
+        cuts = sorted({2, 9} | set(_aimed(greedy_outputs.probe(name, spec), plain, first, 2)))
+        for cut in cuts:
             eos = plain.tokens[cut]
             j = plain.tokens.index(eos)
 
-            def problem(res, eos=eos, j=j, want=plain.tokens[: j + 1]):
+            def problem(res, eos=eos, j=j, want=plain.tokens[: j + 1], name=name):
+                where = f"EOS {eos} at {j} (prompt {name}, depth {depth})"
                 if res.tokens != want:
-                    return f"EOS {eos} at {j}: got {len(res.tokens)} tokens"
+                    return f"{where}: got {len(res.tokens)} tokens, expected {j + 1}"
                 if res.finish_reason != "stop":
-                    return f"EOS {eos} at {j}: finish_reason={res.finish_reason!r}, expected 'stop'"
-                return "token events published after the stop" if _published_after_stop(res) else None
+                    return f"{where}: finish_reason={res.finish_reason!r}, expected 'stop'"
+                return f"{where}: token events published after the stop" if _published_after_stop(res) else None
 
-            req = request(prompt, 32, GREEDY, spec_for(mtp_capabilities, depth), stop_token_ids=[eos])
-            _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record)
+            req = request(prompt, LONG, GREEDY, spec, stop_token_ids=[eos])
+            res = mtp_backend.generate(req)
+            role = token_role(res, j, first) if len(res.tokens) > j else "absent"
+            roles[role] = roles.get(role, 0) + 1
+            inside += _inside_a_block(res, j, first)
+            _judge(mtp_backend, req, res, problem, mtp_record)
+    # exercise evidence: how many stops fell inside an accepted block (an accepted
+    # proposal with the rest of its round after it: what a B10 runtime emits)
+    mtp_record(stop_token_roles=roles, stops_inside_accepted_block=inside)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
 @pytest.mark.parametrize("depth", [1, 3, 5])
-def test_stop_token_at_the_budget_is_a_stop(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, depth):
+def test_stop_token_at_the_budget_is_a_stop(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, greedy_outputs, depth):
     """The stop token is also the last token max_tokens allows: the request stopped
     (finish_reason "stop", a stop event), wherever the token fell - inside a block,
     as the bonus, as the correction."""
     depth = min(depth, mtp_capabilities.max_depth)
     roles = {}
     for name, prompt in mtp_fixture.items():
-        plain = _plain(mtp_backend, prompt, 24)
+        plain = greedy_outputs.plain(name)
         for cut in (1, 4, 9, 15):
             eos = plain.tokens[cut]
             j = plain.tokens.index(eos)
@@ -88,28 +159,47 @@ def test_stop_token_at_the_budget_is_a_stop(mtp_backend, mtp_capabilities, mtp_f
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
-@pytest.mark.exercise(reason="one request of a few tokens has room for a proposal or two; the stop tests carry the clause's")
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 7, 11])
-def test_max_tokens_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, max_tokens):
-    prompt = next(iter(mtp_fixture.values()))
-    plain = _plain(mtp_backend, prompt, max_tokens)
+@pytest.mark.exercise(reason="budgets of a few tokens have room for a proposal or two; the probe that aims them and "
+                             "the stop tests carry the clause's exercise")
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_max_tokens_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, greedy_outputs, depth):
+    """max_tokens ends the output exactly, on every prompt: at a few small
+    budgets, and at budgets aimed inside accepted blocks (the last allowed token
+    one the drafter proposed and the target accepted in a probe), where a
+    runtime that commits whole blocks overshoots."""
+    depth = min(depth, mtp_capabilities.max_depth)
+    spec = spec_for(mtp_capabilities, depth)
+    first = mtp_capabilities.first_token_from_prefill
+    inside = 0
+    for name, prompt in mtp_fixture.items():
+        plain = greedy_outputs.plain(name)
+        probe = greedy_outputs.probe(name, spec)
+        aimed = _aimed(probe, plain, first, 2, unique=False, below=BUDGET_MAX)
+        inside += len(aimed)
+        for max_tokens in sorted({1, 2, 4} | {j + 1 for j in aimed}):
+            want = plain.tokens[:max_tokens]
 
-    def problem(res):
-        if len(res.tokens) != max_tokens or res.tokens != plain.tokens[:max_tokens]:
-            return f"max_tokens {max_tokens}: got {len(res.tokens)} tokens, {res.tokens[:6]} vs plain {plain.tokens[:6]}"
-        return None if res.finish_reason == "length" else f"finish_reason={res.finish_reason!r}, expected 'length'"
+            def problem(res, n=max_tokens, want=want, name=name):
+                where = f"max_tokens {n} (prompt {name}, depth {depth})"
+                if res.tokens != want:
+                    return f"{where}: got {len(res.tokens)} tokens, {res.tokens[:6]} vs plain {want[:6]}"
+                return None if res.finish_reason == "length" else \
+                    f"{where}: finish_reason={res.finish_reason!r}, expected 'length'"
 
-    req = request(prompt, max_tokens, GREEDY, spec_for(mtp_capabilities, 4), stop_token_ids=[])
-    _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record)
+            req = request(prompt, max_tokens, GREEDY, spec, stop_token_ids=[])
+            _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record)
+    # exercise evidence: budgets that cut a block the probe had accepted whole
+    # (a runtime that does not cut its blocks to the budget overshoots there)
+    mtp_record(budgets_inside_accepted_block=inside)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
 @pytest.mark.requires("text")
-def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record):
+def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, greedy_outputs):
     inner = getattr(mtp_backend, "backend", mtp_backend)
     checked = 0
-    for prompt in mtp_fixture.values():
-        plain = _plain(mtp_backend, prompt, 32)
+    for name, prompt in mtp_fixture.items():
+        plain = greedy_outputs.plain(name)
         text = inner.decode(plain.tokens)
         for end in (6, 13, 21):
             stop = text[end - 3 : end]
