@@ -278,6 +278,12 @@ ZOO: list[Mutant] = [
     Mutant("starving-scheduler", "-", "the scheduler always serves the lowest runnable request id",
            ("SCHED-FAIR",), _zoo("starving_scheduler"), scope="backend",
            invisible="scheduling order needs the scheduler hook, withheld black-box"),
+    Mutant("batch-slot-counters-carried", "B11", "generate_batch: each result after the first also reports the "
+           "previous request's rounds (a batch slot's counters not reset)",
+           ("STATS-CONSISTENT",), _zoo("batch_slot_counters_carried"), scope="backend",
+           invisible="tokens are exact and generate() is exact; only the statistics of results served together "
+                     "(generate_batch, withheld output-only) carry the previous request's rounds",
+           server_visible=True),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
