@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from mtpcheck.machinery.report import (
+    BROKEN_PROPERTY,
     CAPABILITIES_PROPERTY,
     CLAUSE_PROPERTY,
     EVIDENCE_PROPERTY,
@@ -87,11 +88,24 @@ def pytest_configure(config):
     recorder = RunRecorder(backend=name, options=options, profile=config.getoption("--mtp-profile"), seed=seed)
     if config.getoption("--mtp-json") and not _is_worker(config):
         recorder.sink = Path(config.getoption("--mtp-json"))
+    _excused_clauses(recorder, id_files)
     config.stash[STASH_RECORDER] = recorder
     config.stash[STASH_SETTINGS] = {"timeout": timeout, "load_timeout": load_timeout, "id_files": id_files}
     config.pluginmanager.register(recorder, "mtpcheck-recorder")  # receives pytest_runtest_logreport
     if not _is_worker(config):
         _warn_on_moved_rootdir(config)
+
+
+def _excused_clauses(recorder, id_files: dict) -> None:
+    """Clause ids listed whole in the xfails or skips file also cover their
+    rules broken by results of other clauses' tests (xfailed, or not recorded)."""
+    if not any(id_files.values()):
+        return
+    from mtpcheck.catalogue import load_catalogue
+
+    ids = set(load_catalogue().by_id())
+    recorder.xfailed_clauses = {e.entry: e.reason for e in id_files["--mtp-xfails-file"] or () if e.entry in ids}
+    recorder.skipped_clauses = {e.entry for e in id_files["--mtp-skips-file"] or () if e.entry in ids}
 
 
 def _warn_on_moved_rootdir(config) -> None:
@@ -241,6 +255,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     line = item.stash.get(STASH_XFAIL_LINE, None)
     rep = outcome.get_result()
+    _send_broken_rules(item, rep)
     if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
         return
     exc = call.excinfo.value
@@ -258,6 +273,16 @@ def pytest_runtest_makereport(item, call):
     rep.sections.append((XFAIL_SECTION, f"not the documented deviation: {why}"))
 
 
+def _send_broken_rules(item, rep) -> None:
+    """The broken result rules found in this phase go with its report (so an
+    xdist worker sends them): the recorder files them under their own clauses."""
+    backend = item.config.stash.get(STASH_BACKEND, None)
+    found = getattr(backend, "violations", None)
+    if found:
+        rep.user_properties.extend((BROKEN_PROPERTY, json.dumps(to_plain(v))) for v in found)
+        found.clear()
+
+
 def _failure_side(item) -> str | None:
     return side_of([json.loads(v) for k, v in item.user_properties if k == EVIDENCE_PROPERTY])
 
@@ -271,7 +296,8 @@ def pytest_runtest_setup(item):
     from mtpcheck.machinery.checks import missing_capabilities, skip_reason
 
     backend = guarded_backend(item.config)
-    backend.start_tally()  # before the fixtures: a shared sample counts for the test that draws it
+    # before the fixtures: a shared sample counts for the test that draws it; the test judges its clauses' rules
+    backend.start_tally(ids)
     if _is_worker(item.config) and not item.config.stash.get(STASH_CAPS_SENT, False):
         # with the first report, not only at the end: an interrupted worker's end never reaches the controller
         item.config.stash[STASH_CAPS_SENT] = True
@@ -348,6 +374,8 @@ def pytest_sessionfinish(session, exitstatus):
     if _is_worker(config):  # the controller merges this and writes the one report
         config.workeroutput["mtpcheck"] = to_plain(rec.worker_output())
         return
+    if rec.broken_failures() and exitstatus == 0:  # every test passed its own check; a clause failed
+        exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
     rec.finish(exitstatus, session.shouldfail or session.shouldstop)
     for option, write in (("--mtp-json", rec.write_json), ("--mtp-markdown", rec.write_markdown)):
         if config.getoption(option):

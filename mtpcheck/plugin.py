@@ -35,9 +35,9 @@ MARKERS = (
     "exercise(*needs, reason): what this test's sample must exercise, in place of its clause's catalogue field "
     "('accepted', 'rejected'; none: exempt, with why)",
 )
-# report properties only mtpcheck writes (mtpcheck.machinery.report: CLAUSE_PROPERTY,
+# report properties only mtpcheck writes (mtpcheck.machinery.report: CLAUSE_PROPERTY, BROKEN_PROPERTY,
 # EVIDENCE_PROPERTY, CAPABILITIES_PROPERTY), spelled out so this module imports nothing
-OWN_PROPERTIES = frozenset({"clause", "mtp_evidence", "mtp_capabilities"})
+OWN_PROPERTIES = frozenset({"clause", "mtp_evidence", "mtp_capabilities", "mtp_broken_rule"})
 _DEFAULTS: dict[str, object] = {}  # option dest -> default, filled by pytest_addoption
 
 

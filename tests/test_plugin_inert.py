@@ -173,7 +173,8 @@ def test_the_watcher_knows_the_reports_properties():
     """plugin.py spells out the report's property names so it imports nothing."""
     from mtpcheck.machinery import report
 
-    assert plugin.OWN_PROPERTIES == {report.CLAUSE_PROPERTY, report.EVIDENCE_PROPERTY, report.CAPABILITIES_PROPERTY}
+    assert plugin.OWN_PROPERTIES == {report.CLAUSE_PROPERTY, report.EVIDENCE_PROPERTY, report.CAPABILITIES_PROPERTY,
+                                     report.BROKEN_PROPERTY}
 
 
 def test_the_load_timeout_help_names_the_default():

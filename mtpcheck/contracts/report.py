@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Capabilities
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error",
                  "crashed", "unfinished"]
@@ -43,6 +43,22 @@ class Exercise(_Model):
     declared_off: list[str] = Field(default_factory=list, description="the controls declared unaccelerated")
 
 
+class BrokenRule(_Model):
+    """A result that broke a rule every result obeys (mtpcheck.machinery.invariants),
+    with the call that produced it."""
+
+    clause: str = Field(description="the clause that owns the rule")
+    call: str = Field(description="the backend call, e.g. 'generate_batch()' or 'generate_stream() abandoned after 2"
+                                  " chunks'")
+    request: int | None = Field(description="the result's place in the call's list (generate_batch, generate_n); null:"
+                                            " a one-result call")
+    problems: list[str]
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    depth: int | None = Field(description="the requested num_draft_tokens; null: the backend's default or none")
+
+
 class TestRecord(_Model):
     __test__ = False  # not a pytest test class
     clauses: list[str]
@@ -54,6 +70,12 @@ class TestRecord(_Model):
     deviating_side: Literal["speculative", "plain", "both"] | None = Field(
         None, description="the side a failing test named: the speculative path, the plain path, or both (a finding"
         " of the runtime, not of speculation); null where it named none")
+    found_in: str | None = Field(
+        None, description="set on a record of broken result rules (its id is '<found_in> => <clause>'): the test"
+        " whose backend calls returned the results; that test's own outcome is its own clauses' verdict")
+    broken_rules: list[BrokenRule] = Field(
+        default_factory=list, description="the results that broke the clause's rules in that test (the first 10)")
+    broken_count: int = Field(0, description="how many results broke them in all")
 
 
 class ClauseRecord(_Model):
@@ -82,7 +104,7 @@ class NotRun(_Model):
 class RunReport(_Model):
     """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
     incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
     exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")

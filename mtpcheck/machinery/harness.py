@@ -2,7 +2,10 @@
 
 Every call runs with a timeout and every answer is validated, so a backend
 that raises, hangs or returns garbage produces a named failure on the clause
-being checked; the run goes on and never passes on garbage.
+being checked; the run goes on and never passes on garbage. Every result is
+also held to the rules any result obeys (mtpcheck.machinery.invariants): a
+broken one is recorded with the call that produced it, for the plugin to
+report under the clause that owns the rule.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from mtpcheck.contracts import (
 )
 from mtpcheck.contracts.errors import SettingsError
 from mtpcheck.machinery.exercise import Tally
+from mtpcheck.machinery.invariants import result_violations, stream_violations
 
 
 class BackendRaised(BackendError):
@@ -117,10 +121,25 @@ class Guarded:
         self.backend, self.timeout = backend, timeout
         self._caps: Capabilities | None = None
         self.tally = Tally()  # the running suite test's speculative results (the plugin starts one per test)
+        # broken result rules found since the running test started: dicts of clause, call, request, problems
+        self.violations: list[dict] = []
+        self.judging: frozenset[str] = frozenset()  # the running test's clauses: it judges their rules itself
 
-    def start_tally(self) -> Tally:
-        self.tally = Tally()
+    def start_tally(self, judging=()) -> Tally:
+        """A suite test starts: a fresh tally and violation list; the rules of
+        the clauses in `judging` are left to the test (it names sides)."""
+        self.tally, self.violations, self.judging = Tally(), [], frozenset(judging)
         return self.tally
+
+    def _judge(self, call: str, req: GenerationRequest, found, index: int | None = None) -> None:
+        """Record the rules `found` broke (Violation pairs), one entry per clause."""
+        for clause in dict.fromkeys(v.clause for v in found if v.clause not in self.judging):
+            sp = req.sampling
+            self.violations.append({
+                "clause": clause, "call": call, "request": index,
+                "problems": [v.problem for v in found if v.clause == clause],
+                "max_tokens": req.max_tokens, "temperature": sp.temperature, "seed": sp.seed,
+                "depth": req.speculation.num_draft_tokens if req.speculation else None})
 
     def note(self, *pairs: tuple[GenerationRequest, GenerationResult]) -> None:
         """Count (request, result) pairs a test judges that it did not draw
@@ -163,7 +182,7 @@ class Guarded:
         if not isinstance(raw, (list, tuple)) or len(raw) != n:
             raise BackendGarbage(f"generate_n() returned {type(raw).__name__} of length "
                                  f"{len(raw) if hasattr(raw, '__len__') else '?'} for n={n}")
-        return [self._validated(req, r, "generate_n()") for r in raw]
+        return [self._validated(req, r, "generate_n()", i) for i, r in enumerate(raw)]
 
     def decode(self, tokens: list[int]) -> str:
         """Capability text: the backend's detokenizer, under the per-call timeout."""
@@ -178,7 +197,8 @@ class Guarded:
             raise SettingsError("GenerationRequest.constraint given, but the backend does not declare "
                                 "request_constraints: it would be ignored, not honoured")
 
-    def _validated(self, req: GenerationRequest, raw, what: str = "generate()") -> GenerationResult:
+    def _validated(self, req: GenerationRequest, raw, what: str = "generate()",
+                   index: int | None = None) -> GenerationResult:
         try:
             res = raw if isinstance(raw, GenerationResult) else GenerationResult.model_validate(raw)
         except pydantic.ValidationError as exc:
@@ -189,11 +209,10 @@ class Guarded:
             raise BackendGarbage(f"{what} returned token ids outside the vocabulary (size {V}): {bad[:5]}")
         if not res.tokens:
             raise BackendGarbage(f"{what} returned no tokens (max_tokens >= 1)")
-        if len(res.tokens) > req.max_tokens:
-            raise BackendGarbage(f"{what} returned {len(res.tokens)} tokens, max_tokens was {req.max_tokens}")
         if res.logprobs is not None and len(res.logprobs) != len(res.tokens):
             raise BackendGarbage(f"{len(res.logprobs)} logprobs for {len(res.tokens)} tokens")
         self.tally.add(req, res, self.capabilities())
+        self._judge(what, req, result_violations(res, req, self.capabilities()), index)
         return res
 
     def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
@@ -203,13 +222,15 @@ class Guarded:
         if not isinstance(raw, (list, tuple)) or len(raw) != len(reqs):
             raise BackendGarbage(f"generate_batch() returned {type(raw).__name__} of length "
                                  f"{len(raw) if hasattr(raw, '__len__') else '?'} for {len(reqs)} requests")
-        return [self._validated(req, r, "generate_batch()") for req, r in zip(reqs, raw, strict=True)]
+        return [self._validated(req, r, "generate_batch()", i) for i, (req, r) in enumerate(zip(reqs, raw, strict=True))]
 
     def generate_stream(self, req: GenerationRequest) -> list[StreamChunk]:
         """The whole stream of generate_stream(req), chunks in arrival order
         (consumed under one timeout), each validated."""
         self._streams(req)
-        return self._chunks(self._consume(req, lambda r: list(self.backend.generate_stream(r))))
+        chunks = self._chunks(self._consume(req, lambda r: list(self.backend.generate_stream(r))))
+        self._judge("generate_stream()", req, stream_violations(chunks, req, self.capabilities()))
+        return chunks
 
     def abandon_stream(self, req: GenerationRequest, after: int) -> tuple[list[StreamChunk], bool]:
         """A client that goes away: the first `after` chunks of generate_stream(req),
@@ -231,6 +252,8 @@ class Guarded:
             return got
 
         chunks = self._chunks(self._consume(req, take))
+        self._judge(f"generate_stream() abandoned after {after} chunks", req,
+                    stream_violations(chunks, req, self.capabilities(), complete=False))
         return chunks, any(c.finish_reason is not None for c in chunks)
 
     def _streams(self, req: GenerationRequest) -> None:

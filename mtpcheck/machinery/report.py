@@ -38,6 +38,8 @@ OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
 EXERCISE_PROPERTY = "mtp_exercise"  # what the test's speculative results drafted and accepted (machinery.exercise)
 CAPABILITIES_PROPERTY = "mtp_capabilities"  # an xdist worker's backend declaration, on its first report
+BROKEN_PROPERTY = "mtp_broken_rule"  # a result that broke a rule every result obeys (machinery.invariants)
+KEPT_BROKEN = 10  # broken results a record keeps as evidence; it counts them all
 
 
 def to_plain(value: Any) -> Any:
@@ -275,6 +277,10 @@ class RunRecorder:
     sink: Path | None = None
     running: dict = field(default_factory=dict)  # node id -> None, in start order
     crashed: list = field(default_factory=list)  # node ids an xdist worker died under
+    # clause ids listed whole in the xfails file (-> its reason) and the skips file: a broken result rule
+    # of such a clause is recorded xfailed, or not at all
+    xfailed_clauses: dict = field(default_factory=dict)
+    skipped_clauses: set = field(default_factory=set)
 
     # pytest hooks (the recorder is registered as a plugin; under xdist the
     # controller receives the workers' logstart/logreport/logfinish)
@@ -302,6 +308,8 @@ class RunRecorder:
         clauses = [v for k, v in report.user_properties if k == CLAUSE_PROPERTY]
         evidence = [json.loads(v) for k, v in report.user_properties if k == EVIDENCE_PROPERTY]
         exercise = next((json.loads(v) for k, v in reversed(report.user_properties) if k == EXERCISE_PROPERTY), None)
+        for broken in (json.loads(v) for k, v in report.user_properties if k == BROKEN_PROPERTY):
+            self.note_broken(report.nodeid, broken)
         if not clauses and not evidence and report.nodeid not in self.collected and report.nodeid not in self.crashed:
             return
         entry = self.tests.setdefault(report.nodeid, {"clauses": clauses, "outcome": None,
@@ -319,6 +327,30 @@ class RunRecorder:
         side = side_of(evidence)
         if side:
             entry["deviating_side"] = side
+
+    def note_broken(self, nodeid: str, broken: dict) -> None:
+        """A result of a call made in test `nodeid` broke a rule of clause
+        broken["clause"]: a record of its own, '<nodeid> => <clause>', that
+        fails the clause (xfailed where the xfails file lists the clause)."""
+        clause = broken["clause"]
+        if clause in self.skipped_clauses:
+            return
+        entry = self.tests.setdefault(f"{nodeid} => {clause}", {
+            "clauses": [clause], "outcome": "failed", "message": "", "duration_s": 0.0, "evidence": [],
+            "found_in": nodeid, "broken_rules": [], "broken_count": 0})
+        entry["broken_count"] += 1
+        if len(entry["broken_rules"]) < KEPT_BROKEN:
+            entry["broken_rules"].append(broken)
+        first = entry["broken_rules"][0]
+        where = first["call"] + (f" request {first['request']}" if first["request"] is not None else "")
+        entry["message"] = _clip(f"{entry['broken_count']} result(s) broke it, first: {where} in "
+                                 f"{nodeid.rsplit('::', 1)[-1]}: {'; '.join(first['problems'])}", 300)
+        if clause in self.xfailed_clauses:
+            entry["outcome"], entry["message"] = "xfailed", self.xfailed_clauses[clause]
+
+    def broken_failures(self) -> list[str]:
+        """Records of broken result rules that fail the run (not xfailed)."""
+        return [n for n, t in self.tests.items() if t.get("found_in") and t["outcome"] == "failed"]
 
     def pytest_collectreport(self, report):
         if report.failed and "collection error" not in self.reasons:
@@ -393,7 +425,8 @@ class RunRecorder:
             notes = sorted({t["message"] for t in tests.values() if t["outcome"] == worst and t["message"]})
             out[clause.id] = {"title": clause.title, "kind": clause.kind, "outcome": worst,
                               "tests": {n: t["outcome"] for n, t in tests.items()}, "notes": notes,
-                              "evidence": [e for t in tests.values() for e in t["evidence"]],
+                              "evidence": [e for t in tests.values() for e in t["evidence"]]
+                              + [{"broken_rule": b} for t in tests.values() for b in t.get("broken_rules", ())],
                               "exercise": merge_exercise([t.get("exercise") for t in tests.values()]),
                               "deviating_sides": sorted({t["deviating_side"] for t in tests.values()
                                                          if t.get("deviating_side")})}
@@ -464,7 +497,7 @@ class RunRecorder:
         lines.append("clauses: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                      + (f", {len(missing) - deselected} not run" if len(missing) > deselected else "")
                      + (f", {deselected} deselected" if deselected else "")
-                     + f" (one row per clause, from {len(self._ran())} suite tests; pytest's line counts tests)")
+                     + f" (one row per clause, from {sum(not t.get('found_in') for t in self._ran().values())} suite tests; pytest's line counts tests)")
         for nodeid in self.crashed:
             lines.append(f"mtpcheck: CRASHED: the process died in {nodeid} (no verdict); the rest of the run "
                          "went on in a fresh worker")

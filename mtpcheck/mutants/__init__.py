@@ -281,6 +281,12 @@ ZOO: list[Mutant] = [
     Mutant("publishes-after-stop-in-block", "B10", "a block is published before the stop rule cuts it: the tokens "
            "after a stop accepted inside it are streamed, the result cut right", ("STOP-IN-BLOCK",),
            _zoo("publishes_after_stop_in_block")),
+    Mutant("batch-slot-counters-carried", "B11", "generate_batch: each result after the first also reports the "
+           "previous request's rounds (a batch slot's counters not reset)",
+           ("STATS-CONSISTENT",), _zoo("batch_slot_counters_carried"), scope="backend",
+           invisible="tokens are exact and generate() is exact; only the statistics of results served together "
+                     "(generate_batch, withheld output-only) carry the previous request's rounds",
+           server_visible=True),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}

@@ -1117,7 +1117,6 @@ def previous_seed_mixed(engine):
     become(engine, PreviousSeedMixed)
 
 
-
 class PublishesAfterStopInBlock(Engine):
     """B10: a round's block is published (token events, the stream) before the
     stop rule cuts it: a stop token accepted inside a block ends the result's
@@ -1136,3 +1135,25 @@ class PublishesAfterStopInBlock(Engine):
 
 def publishes_after_stop_in_block(engine):
     become(engine, PublishesAfterStopInBlock)
+
+
+def batch_slot_counters_carried(backend):
+    """B11: a batch slot is not reset between requests: each result of
+    generate_batch after the first reports the previous request's rounds
+    before its own. Tokens are exact; generate() is exact."""
+    generate_batch = backend.generate_batch
+
+    def carried(requests):
+        results = generate_batch(requests)
+        out = results[:1]
+        for prev, res in zip(results, results[1:], strict=False):
+            s, old = res.speculation, prev.speculation
+            if s.used and old.used:
+                acc, dr = old.accept_lens + s.accept_lens, old.draft_lens + s.draft_lens
+                s = s.model_copy(update={"rounds": len(acc), "accept_lens": acc, "draft_lens": dr,
+                                         "accepted": sum(acc), "drafted": sum(dr),
+                                         "acceptance_rate": sum(acc) / sum(dr) if sum(dr) else None})
+            out.append(res.model_copy(update={"speculation": s}))
+        return out
+
+    backend.generate_batch = carried

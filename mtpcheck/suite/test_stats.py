@@ -2,6 +2,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import finish_problems, stats_problems
 from mtpcheck.machinery.configs import request, spec_for, without_speculation
 from mtpcheck.machinery.strategies import sampling_params
@@ -41,3 +42,24 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
         raise AssertionError(f"{SIDE_WORDS.get(side, NOT_NAMED)}: " + "; ".join(problems))
 
     check()
+
+
+@pytest.mark.contract("STATS-CONSISTENT")
+def test_statistics_agree_in_results_served_together(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed):
+    """The same rules for results served together: each of generate_batch's
+    and generate_n's results reports its own request's rounds (a batch slot
+    that keeps the previous request's counters shows only here)."""
+    caps = mtp_capabilities
+    if not (caps.generate_batch or caps.parallel_samples):
+        pytest.skip("the backend serves requests one at a time only (no generate_batch, no parallel_samples)")
+    reqs = [request(prompt, 12 + 5 * i, SamplingParams(temperature=1.0, seed=mtp_seed + i),
+                    spec_for(caps, 1 + i % min(3, caps.max_depth)))
+            for i, prompt in enumerate(mtp_fixture.values())]
+    served = []
+    if caps.generate_batch:
+        served += [(f"generate_batch() request {i}", r, res) for i, (r, res)
+                   in enumerate(zip(reqs, mtp_backend.generate_batch(reqs), strict=True))]
+    if caps.parallel_samples:
+        served += [(f"generate_n() sample {i}", reqs[0], res) for i, res in enumerate(mtp_backend.generate_n(reqs[0], 4))]
+    problems = [f"{what}: {p}" for what, req, res in served for p in stats_problems(res, req, caps)]
+    assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
