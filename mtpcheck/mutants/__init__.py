@@ -278,6 +278,11 @@ ZOO: list[Mutant] = [
     Mutant("starving-scheduler", "-", "the scheduler always serves the lowest runnable request id",
            ("SCHED-FAIR",), _zoo("starving_scheduler"), scope="backend",
            invisible="scheduling order needs the scheduler hook, withheld black-box"),
+    Mutant("unseeded-batch-shares-randomness", "B12", "the unseeded requests of one generate_batch (or generate_n "
+           "without a seed) share one seed drawn per call", ("UNSEEDED-INDEPENDENT",),
+           _zoo("unseeded_batch_shares_randomness"), scope="backend",
+           invisible="each request is exact alone and every seeded request unchanged; only unseeded requests served "
+                     "together (concurrency and n > 1, withheld output-only) come out as copies", server_visible=True),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
