@@ -24,6 +24,10 @@ step from the processed target laws:
   whatever the draft law q; a draft that reuses the target's uniform lands
   on the target's draw far more often.
 
+`together_test` (UNSEEDED-INDEPENDENT) needs no law at all: identical
+unseeded requests served together against the same requests served alone,
+an exact permutation test on identical outputs (its docstring).
+
 `coincidence_test` turns such series into a test with a known null and no
 asymptotics: for each lambda of a grid, `prod exp(lambda h) / (1 - pi +
 pi e^lambda)` over the series is a nonnegative (super)martingale with
@@ -38,7 +42,9 @@ approximation (conservative, never optimistic). See docs/statistics.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from fractions import Fraction
 
 import numpy as np
 from scipy import stats
@@ -47,7 +53,8 @@ from scipy.special import logsumexp
 from .stats import TestResult
 
 __all__ = ["EMPIRICAL_ALPHA", "LAMBDAS", "acceptance_series", "agreement_series", "closeness_series",
-           "coincidence_test", "log_evalue", "pit_values", "series_p_value", "series_test"]
+           "coincidence_test", "identical_pairs", "log_evalue", "pit_values", "series_p_value", "series_test",
+           "together_law", "together_test"]
 
 # Bets on "more coincidences than the null allows": small lambdas win on a
 # weak excess over many steps, large ones on a strong excess over few.
@@ -249,6 +256,106 @@ def series_test(name: str, series: Mapping[str, tuple[np.ndarray, np.ndarray]], 
             f"(p {ps[worst][0]:.3g} by {ps[worst][1]}, x {len(series)} series)")
     return TestResult(name=name, alpha=alpha, n=n, statistic=-math.log10(max(ps[worst][0], 1e-300)), p_value=p_value,
                       df=0, detectable_tv=None, passed=p_value > alpha, note=note, details=details)
+
+
+def identical_pairs(outputs: Sequence[Hashable]) -> int:
+    """Pairs of equal outputs among `outputs`."""
+    return sum(c * (c - 1) // 2 for c in Counter(outputs).values())
+
+
+def together_law(together: Sequence[Hashable], alone: Sequence[Hashable]) -> dict[int, int]:
+    """The permutation law of identical_pairs(together) given the pooled
+    outputs of one stratum: {pairs: labellings}, over the C(n, k) ways to call
+    k of the n = len(together) + len(alone) outputs "together". Exact: the
+    equality classes are walked one by one, choosing how many of each fall
+    in the together group (a multivariate hypergeometric, in integers)."""
+    k = len(together)
+    ways: dict[tuple[int, int], int] = {(0, 0): 1}
+    for c in Counter([*together, *alone]).values():
+        grown: dict[tuple[int, int], int] = {}
+        for (taken, pairs), w in ways.items():
+            for x in range(min(c, k - taken) + 1):
+                key = (taken + x, pairs + x * (x - 1) // 2)
+                grown[key] = grown.get(key, 0) + w * math.comb(c, x)
+        ways = grown
+    return {pairs: w for (taken, pairs), w in ways.items() if taken == k}
+
+
+def _convolve(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for x, u in a.items():
+        for y, v in b.items():
+            out[x + y] = out.get(x + y, 0) + u * v
+    return out
+
+
+def _copies_reach(together_n: int, alone: Sequence[Hashable]) -> list[tuple[float, float]]:
+    """(probability, p-value factor) of one stratum when its `together_n`
+    outputs are copies of one output v: the factor is the chance that a
+    random labelling puts together_n copies of one output together,
+    sum over classes C(c, k) / C(n, k). v is drawn by a plug-in of the law
+    from the alone outputs: each of them with probability 1 / (m + 1), an
+    output none of them equals with 1 / (m + 1) (m = len(alone))."""
+    k, m = together_n, len(alone)
+    classes = Counter(alone)
+    total = math.comb(k + m, k)
+
+    def factor(sizes) -> float:
+        return float(Fraction(sum(math.comb(c, k) for c in sizes), total))
+
+    out = [(1 / (m + 1), factor([k, *classes.values()]))]
+    for v, c in classes.items():
+        out.append((c / (m + 1), factor([c + k, *(d for u, d in classes.items() if u != v)])))
+    return out
+
+
+def together_test(name: str, strata: Mapping[str, tuple[Sequence[Hashable], Sequence[Hashable]]],
+                  alpha: float) -> TestResult:
+    """UNSEEDED-INDEPENDENT: do outputs served together coincide more often
+    than outputs of the same requests served alone? Each stratum is (the
+    outputs of k identical unseeded requests served together, those of the
+    same request served alone). If serving together changes nothing, the
+    outputs of a stratum are i.i.d. and every labelling of k of them as
+    "together" is equally likely given the pooled outputs; the statistic,
+    identical pairs among the together outputs summed over strata, then has
+    the exact law of `together_law` convolved over strata, whatever the
+    output law (the requests served alone are the empirical null: no ground
+    truth). p = that law's upper tail at the observed count, exact.
+
+    `details["power"]`: the chance that complete sharing (each stratum's
+    together outputs copies of one output) would reach alpha, with the copied
+    output drawn by a plug-in of the law from the alone outputs
+    (`_copies_reach`): near 1 for a law with entropy, near 0 for a
+    near-deterministic one, where outputs coincide anyway."""
+    if not strata:
+        return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
+                          passed=True, note="no strata")
+    law, observed, total, details = {0: 1}, 0, 1, {}
+    reach = {1.0: 1.0}  # p-value of complete sharing -> probability
+    for key, (together, alone) in strata.items():
+        together, alone = list(together), list(alone)
+        t = identical_pairs(together)
+        law = _convolve(law, together_law(together, alone))
+        total *= math.comb(len(together) + len(alone), len(together))
+        observed += t
+        grown: dict[float, float] = {}
+        options = _copies_reach(len(together), alone)
+        for p_so_far, w in reach.items():
+            for prob, f in options:
+                grown[p_so_far * f] = grown.get(p_so_far * f, 0.0) + w * prob
+        reach = grown
+        details[str(key)] = {"together": len(together), "alone": len(alone), "together_pairs": t,
+                             "alone_pairs": identical_pairs(alone)}
+    p_value = float(Fraction(sum(w for x, w in law.items() if x >= observed), total))
+    expected = float(Fraction(sum(x * w for x, w in law.items()), total))
+    power = float(sum(w for p, w in reach.items() if p <= alpha))
+    alone_pairs = sum(d["alone_pairs"] for d in details.values())
+    note = (f"{observed} identical pairs among outputs served together, {expected:.2f} expected from the same "
+            f"requests served alone ({alone_pairs} identical pairs among those), over {len(strata)} strata")
+    n = int(sum(d["together"] + d["alone"] for d in details.values()))
+    return TestResult(name=name, alpha=alpha, n=n, statistic=float(observed), p_value=p_value, df=0,
+                      detectable_tv=None, passed=p_value > alpha, note=note,
+                      details={"strata": details, "expected": expected, "power": power})
 
 
 # The empirical null's level: unrelated seeds of the runtime that coincide beyond the

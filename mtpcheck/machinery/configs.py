@@ -47,6 +47,9 @@ CONTEXT_CONFIGS = ("top_k", "top_p", "min_p")
 
 # SEED-STREAMS-INDEPENDENT samples its role laws at these temperatures (a profile may use fewer).
 STREAM_TEMPERATURES = (1.0, 1.3)
+# UNSEEDED-INDEPENDENT serves unseeded requests together through these calls (capabilities
+# concurrent and parallel_samples).
+TOGETHER_PATHS = ("generate_batch", "generate_n")
 # CONSTRAINT-LANGUAGE tests the law under a constraint on both paths: the plain one locates a mask fault.
 CONSTRAINT_PATHS = ("speculative", "plain")
 
@@ -89,6 +92,9 @@ STATISTICAL = (
                 share="independence"),
     Statistical("SEED-SAMPLES-INDEPENDENT", "test_independence.py::test_parallel_samples_share_no_draws",
                 share="independence"),
+    # one exact permutation test per path that serves unseeded requests together, half each
+    Statistical("UNSEEDED-INDEPENDENT", "test_independence.py::test_unseeded_requests_served_together_are_independent",
+                TOGETHER_PATHS, share="independence"),
     # two forms x two temperatures, a quarter of the clause's alpha each; the role form runs
     # a rank G-test, two PIT-KS and a test martingale on its quarter
     Statistical("SEED-STREAMS-INDEPENDENT", "test_independence.py::test_draft_randomness_is_independent_of_the_targets",
@@ -236,6 +242,7 @@ __all__ = [
     "STREAM_TEMPERATURES",
     "SUSPICIOUS",
     "Statistical",
+    "TOGETHER_PATHS",
     "budget_total",
     "item_alpha",
     "request",

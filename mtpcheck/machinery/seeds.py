@@ -1,7 +1,8 @@
 """SEED-INDEPENDENT's coincidence series, drawn from a backend (the suite's
 test and research.independence_power both use this): pairs of
 runs under seeds a careless key derivation collides, compared position by
-position at a few alignments (mtpcheck.laws.independence)."""
+position at a few alignments (mtpcheck.laws.independence); and
+UNSEEDED-INDEPENDENT's outputs, unseeded requests served together and alone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.laws.independence import agreement_series, closeness_series, pit_values
-from mtpcheck.machinery.configs import request, spec_for
+from mtpcheck.machinery.configs import TOGETHER_PATHS, request, spec_for
 
 REPLICATES = {"ci": 4, "dev": 8, "thorough": 24}  # base seeds of SEED-INDEPENDENT / SEED-STREAMS-INDEPENDENT
 # SEED-INDEPENDENT samples at T = 2 (the top of the OpenAI range): a trained model's T = 1 laws are so
@@ -127,3 +128,36 @@ def sample_pair_series(backend, caps, prompts: list[list[int]], n_tokens: int, s
             for k in range(n):
                 add("neighbouring seeds", run_pair_series(mine[j], partner[k], bool(caps.truncated_laws)))
     return series
+
+
+# UNSEEDED-INDEPENDENT: strata of identical unseeded requests, each served
+# UNSEEDED_COPIES times together and as many times alone. Six copies in four
+# strata let complete sharing reach p = C(12, 6)^-4 = 1.4e-12; temperature 1
+# over 12 tokens keeps the outputs apart on the fixtures (docs/statistics.md).
+UNSEEDED_COPIES = 6
+UNSEEDED_STRATA = 4
+UNSEEDED_TOKENS = 12
+UNSEEDED_SAMPLING = SamplingParams(temperature=1.0)
+
+
+def unseeded_requests(caps, prompts: list[list[int]]) -> list:
+    """One unseeded sampled request per stratum, the prompts cycled."""
+    return [request(prompts[s % len(prompts)], UNSEEDED_TOKENS, UNSEEDED_SAMPLING, spec_for(caps), stop_token_ids=[])
+            for s in range(UNSEEDED_STRATA)]
+
+
+def served_alone(backend, reqs: list, copies: int = UNSEEDED_COPIES) -> list[list[tuple[int, ...]]]:
+    """Each request `copies` times, one generate() call each."""
+    return [[tuple(backend.generate(r).tokens) for _ in range(copies)] for r in reqs]
+
+
+def served_together(backend, reqs: list, path: str, copies: int = UNSEEDED_COPIES) -> list[list[tuple[int, ...]]]:
+    """Each request `copies` times in one call: all strata in one generate_batch
+    (a stratum's copies adjacent, so that they are admitted, and in flight,
+    together), or one generate_n per stratum."""
+    if path == "generate_batch":
+        res = backend.generate_batch([r for r in reqs for _ in range(copies)])
+        return [[tuple(x.tokens) for x in res[s * copies:(s + 1) * copies]] for s in range(len(reqs))]
+    if path == "generate_n":
+        return [[tuple(x.tokens) for x in backend.generate_n(r, copies)] for r in reqs]
+    raise ValueError(f"path {path!r}: expected one of {', '.join(TOGETHER_PATHS)}")

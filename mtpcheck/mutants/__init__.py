@@ -287,6 +287,11 @@ ZOO: list[Mutant] = [
            invisible="tokens are exact and generate() is exact; only the statistics of results served together "
                      "(generate_batch, withheld output-only) carry the previous request's rounds",
            server_visible=True),
+    Mutant("unseeded-batch-shares-randomness", "B12", "the unseeded requests of one generate_batch (or generate_n "
+           "without a seed) share one seed drawn per call", ("UNSEEDED-INDEPENDENT",),
+           _zoo("unseeded_batch_shares_randomness"), scope="backend",
+           invisible="each request is exact alone and every seeded request unchanged; only unseeded requests served "
+                     "together (concurrency and n > 1, withheld output-only) come out as copies", server_visible=True),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}

@@ -1157,3 +1157,22 @@ def batch_slot_counters_carried(backend):
         return out
 
     backend.generate_batch = carried
+
+
+def unseeded_batch_shares_randomness(backend):
+    """B12: the unseeded requests of one call (generate_batch, or generate_n
+    without a seed) all run under one seed drawn for the call, as a runtime
+    that seeds a batch's generator once and hands its rows that seed: copies
+    of each other, each exact alone; seeded requests are unchanged."""
+    batch, samples = backend.generate_batch, backend.generate_n
+
+    def generate_batch(requests):
+        common = random.SystemRandom().getrandbits(56)
+        return batch([r if r.sampling.seed is not None else
+                      r.model_copy(update={"sampling": r.sampling.model_copy(update={"seed": common})})
+                      for r in requests])
+
+    def generate_n(request, n):
+        return samples(request, n) if request.sampling.seed is not None else generate_batch([request] * n)
+
+    backend.generate_batch, backend.generate_n = generate_batch, generate_n

@@ -2,7 +2,8 @@
 are independent. Draft substreams are addressed by logical output position,
 so scheduler interleaving or discarded optional work does not advance the
 randomness assigned to canonical output."). Black-box: emitted tokens, seeds,
-the report's accept counts and target_distributions as ground truth."""
+the report's accept counts and target_distributions as ground truth; unseeded
+requests against the same requests served alone, without ground truth."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from mtpcheck.laws.independence import (
     coincidence_test,
     role_observations,
     series_test,
+    together_test,
 )
 from mtpcheck.laws.stats import pit_ks, rank_gtest
 from mtpcheck.machinery import scheduling as S
@@ -24,7 +26,16 @@ from mtpcheck.machinery.configs import (
     statistical,
     subtest_alpha,
 )
-from mtpcheck.machinery.seeds import REPLICATES, base_seeds, sample_pair_series, seed_pair_series
+from mtpcheck.machinery.seeds import (
+    REPLICATES,
+    UNSEEDED_COPIES,
+    base_seeds,
+    sample_pair_series,
+    seed_pair_series,
+    served_alone,
+    served_together,
+    unseeded_requests,
+)
 
 TOKENS = 32  # per request of SEED-HISTORY
 
@@ -149,6 +160,32 @@ def _judge_against_unrelated(res, series, control, mtp_record, what: str) -> Non
                     f"target's (DIST-EQUIV), so the related seeds' excess ({res.note}) cannot be pinned on the seeds")
     pytest.fail(f"{what} coincide more often than independent randomness allows: {res.note}; p={res.p_value:.3g} "
                 f"< alpha={res.alpha:.2g}; unrelated seeds of this runtime keep the allowance (p={unrelated.p_value:.3g})")
+
+
+# -- UNSEEDED-INDEPENDENT -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unseeded_alone(mtp_backend, mtp_capabilities, mtp_fixture):
+    """The strata's requests and their outputs served alone: the empirical null
+    both paths are judged against."""
+    reqs = unseeded_requests(mtp_capabilities, list(mtp_fixture.values()))
+    return reqs, served_alone(mtp_backend, reqs)
+
+
+@pytest.mark.contract("UNSEEDED-INDEPENDENT")
+@pytest.mark.parametrize("path", [pytest.param("generate_batch", marks=pytest.mark.requires("concurrent")),
+                                  pytest.param("generate_n", marks=pytest.mark.requires("parallel_samples"))])
+def test_unseeded_requests_served_together_are_independent(mtp_backend, unseeded_alone, mtp_record, path):
+    reqs, alone = unseeded_alone
+    together = served_together(mtp_backend, reqs, path)
+    strata = {f"stratum {s}": (t, a) for s, (t, a) in enumerate(zip(together, alone, strict=True))}
+    res = together_test("together-vs-alone", strata,
+                        subtest_alpha("test_unseeded_requests_served_together_are_independent"))
+    mtp_record(path=path, copies=UNSEEDED_COPIES, test=res.model_dump())
+    assert res.passed, (f"identical unseeded requests served together ({path}) coincide more often than the same "
+                        f"requests served alone: {res.note}; p={res.p_value:.3g} < alpha={res.alpha:.2g} (exact "
+                        f"permutation test): they share randomness")
 
 
 # -- SEED-STREAMS-INDEPENDENT -------------------------------------------------------------
