@@ -37,9 +37,14 @@ class Fake:
     def generate(self, req):
         spec = req.speculation is None or req.speculation.mode != "off"
         n = req.max_tokens
+        # rounds of `accepted` proposals and one more token each, after the prefill's: consistent statistics
+        lens, left = [], n - 1
+        while left > 0:
+            lens.append(min(self.accepted, left - 1))
+            left -= lens[-1] + 1
         s = (SpeculationReport(requested=True, used=True, mode="native_mtp", runtime="fake", num_draft_tokens=3,
-                               rounds=2, drafted=6, accepted=2 * self.accepted, accept_lens=[self.accepted] * 2,
-                               draft_lens=[3, 3])
+                               rounds=len(lens), drafted=3 * len(lens), accepted=sum(lens), accept_lens=lens,
+                               draft_lens=[3] * len(lens), acceptance_rate=sum(lens) / (3 * len(lens)))
              if spec and not req.sampling.top_k else
              SpeculationReport(requested=spec, used=False, mode="native_mtp" if spec else "off", runtime="fake",
                                reason="sampling_control_unsupported" if spec else "not_requested", message="no"))
@@ -111,9 +116,9 @@ def test_dead_speculation_cannot_read_green(tree):
     assert result.ret == 1
     tests = {n.split("::")[1]: t for n, t in data["tests"].items()}
     assert tests["test_greedy"]["outcome"] == "failed"
-    assert "speculation not exercised: 0 of 6 proposals accepted over 1 speculative requests" in \
+    assert "speculation not exercised: 0 of 21 proposals accepted over 1 speculative requests" in \
         tests["test_greedy"]["message"]
-    assert tests["test_greedy"]["exercise"]["accepted"] == 0 and tests["test_greedy"]["exercise"]["drafted"] == 6
+    assert tests["test_greedy"]["exercise"]["accepted"] == 0 and tests["test_greedy"]["exercise"]["drafted"] == 21
     assert tests["test_plain_only"]["outcome"] == "passed"  # no speculative request: nothing owed
     assert tests["test_plain_only"].get("exercise") is None
     assert tests["test_needs_nothing"]["outcome"] == "passed"  # REQ-OVERRIDE judges the request, not acceptance
@@ -124,15 +129,15 @@ def test_dead_speculation_cannot_read_green(tree):
     assert data["clauses"]["GREEDY-EQUIV"]["outcome"] == "failed"
     assert data["clauses"]["GREEDY-EQUIV"]["exercise"]["requests"] == 2
     result.stdout.fnmatch_lines(["STATS-CONSISTENT*SKIPPED*unaccelerated (1 req)*",
-                                 "GREEDY-EQUIV*FAILED*acc 0/12, rej 12, 2 req  speculation not exercised*"])
+                                 "GREEDY-EQUIV*FAILED*acc 0/42, rej 42, 2 req  speculation not exercised*"])
 
 
 def test_live_speculation_passes_with_its_counts(tree):
     result, data = run(tree, "live")
     assert result.ret == 0, result.stdout.str()[-2000:]
     assert data["clauses"]["GREEDY-EQUIV"]["outcome"] == "passed"
-    assert data["clauses"]["GREEDY-EQUIV"]["exercise"]["accepted"] == 4
-    result.stdout.fnmatch_lines(["GREEDY-EQUIV*PASSED*acc 4/12, rej 8, 2 req*"])
+    assert data["clauses"]["GREEDY-EQUIV"]["exercise"]["accepted"] == 6
+    result.stdout.fnmatch_lines(["GREEDY-EQUIV*PASSED*acc 6/24, rej 18, 2 req*"])
 
 
 def test_an_xfails_line_does_not_cover_not_exercised(tree):
