@@ -149,7 +149,7 @@ def _config(args, pyargs=False, source="ARGS", here=Path("/nowhere")):
     ([plugin.SUITE_DIR / "test_greedy.py::test_x"], False, True),
     ([plugin.SUITE_DIR], False, True),
     ([plugin.SUITE_DIR.parent], False, True),  # a folder above the suite
-    (["/tmp"], False, False),
+    ([Path(__file__).parent], False, False),  # a folder beside the package: neither above nor inside the suite
 ])
 def test_the_suite_among_the_test_paths(args, pyargs, expected):
     assert plugin._names_suite(_config(args, pyargs)) is expected
