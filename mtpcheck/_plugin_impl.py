@@ -34,6 +34,7 @@ from mtpcheck.machinery.report import (
 STASH_BACKEND = pytest.StashKey[object]()
 STASH_XFAIL_LINE = pytest.StashKey[str]()
 STASH_XFAIL_SIDE = pytest.StashKey[str]()  # the side the matching xfails line documents (side=...)
+STASH_XFAIL_UNEXERCISED = pytest.StashKey[bool]()  # the matching line documents unexercised speculation
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
 STASH_CAPS_SENT = pytest.StashKey[bool]()
@@ -209,6 +210,7 @@ def pytest_collection_modifyitems(session, config, items):
             continue
         unmatched = match_lines(entries, suite_items, _clause_ids)
         sides = {e.entry: e.side for e in entries}
+        unexercised = {e.entry for e in entries if e.unexercised}
         for item, line, reason in unmatched.pop("__matches__"):
             if marker == "skip":
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -217,6 +219,7 @@ def pytest_collection_modifyitems(session, config, items):
                 item.stash[STASH_XFAIL_LINE] = line
                 if sides.get(line):
                     item.stash[STASH_XFAIL_SIDE] = sides[line]
+                item.stash[STASH_XFAIL_UNEXERCISED] = line in unexercised
         for line in unmatched["__unused__"]:
             warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")
@@ -259,7 +262,14 @@ def pytest_runtest_makereport(item, call):
     if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
         return
     exc = call.excinfo.value
-    if not is_clause_failure(exc):
+    unexercised = item.stash.get(STASH_XFAIL_UNEXERCISED, False)
+    if type(exc).__name__ == "NotExercised" or unexercised:
+        if type(exc).__name__ == "NotExercised" and unexercised:
+            return
+        why = (f"xfails line {line!r} documents unexercised speculation (exercise=none), the clause's check failed:"
+               if unexercised else f"xfails line {line!r} covers a failure of the clause's check; speculation was "
+                                   "not exercised, which only a line pinned exercise=none documents:")
+    elif not is_clause_failure(exc):
         why = f"xfails line {line!r} covers a failure of the clause's check, this test raised {type(exc).__name__}:"
     else:
         pinned = item.stash.get(STASH_XFAIL_SIDE, None)

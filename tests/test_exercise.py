@@ -204,3 +204,25 @@ def test_results_without_round_statistics_are_not_observed_rather_than_dead():
     assert kind == "skip" and message.startswith("speculation not observed")
     t2.add(*_pair(SamplingParams(temperature=1.0), used=True, drafted=4, accepted=0), CAPS)  # one observed, dead
     assert verdict(t2.as_dict(), ["accepted"])[0] == "fail"
+
+
+def test_only_a_line_pinned_exercise_none_documents_unexercised_speculation(tree):
+    """A plain xfails line does not cover "not exercised"; one pinned exercise=none
+    does, and covers nothing else (a failure of the clause's own check)."""
+    (tree.path / "plain.txt").write_text("test_down.py::test_greedy  # a deviation of the check\n")
+    result, data = run(tree, "dead", f"--mtp-xfails-file={tree.path / 'plain.txt'}")
+    assert {n.split("::")[1]: t for n, t in data["tests"].items()}["test_greedy"]["outcome"] == "failed"
+    (tree.path / "pinned.txt").write_text("test_down.py::test_greedy  exercise=none  # acceptance collapsed\n")
+    result, data = run(tree, "dead", f"--mtp-xfails-file={tree.path / 'pinned.txt'}")
+    assert {n.split("::")[1]: t for n, t in data["tests"].items()}["test_greedy"]["outcome"] == "xfailed"
+    tree.makepyfile(test_check='''
+import pytest
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+def test_check(mtp_backend):
+    assert False, "the check itself"
+''')
+    (tree.path / "check.txt").write_text("test_check.py::test_check  exercise=none  # acceptance collapsed\n")
+    result, data = run(tree, "live", f"--mtp-xfails-file={tree.path / 'check.txt'}")
+    assert {n.split("::")[1]: t for n, t in data["tests"].items()}["test_check"]["outcome"] == "failed"

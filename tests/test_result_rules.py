@@ -165,3 +165,17 @@ def test_stream_rules():
         "STREAM-COMMIT-ONLY", "STOP-IN-BLOCK"]  # never ended, and past the budget
     # abandoned before the end: no finish reason owed
     assert stream_violations(chunks(([2], None)), _req(max_tokens=2), CAPS, complete=False) == []
+
+
+def test_unobserved_statistics_are_not_judged_but_finish_rules_are():
+    """A result reported used with no round statistics at all (a runtime that
+    counts per response, not per sample) is not a statistics violation; its
+    finish rules still hold."""
+    from mtpcheck.contracts import GenerationResult, SpeculationReport
+
+    used = SpeculationReport(requested=True, used=True, mode="native_mtp", runtime="c", num_draft_tokens=3)
+    res = GenerationResult(tokens=[2, 3, 4], text="abc", finish_reason="length", speculation=used)
+    req = _req()
+    assert result_violations(res.model_copy(update={"tokens": [2] * req.max_tokens}), req, CAPS) == []
+    short = res.model_copy(update={"tokens": [2, 3]})
+    assert [v.clause for v in result_violations(short, req, CAPS)] == ["STATS-CONSISTENT"]

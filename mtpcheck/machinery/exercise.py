@@ -17,7 +17,7 @@ from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult
 
 class NotExercised(Exception):
     """A passing test whose sample did not exercise what its clause judges: a
-    verdict of its own, never a documented deviation (an xfails line does not cover it)."""
+    verdict of its own: only an xfails line pinned `exercise=none` documents it."""
 
 
 def controls_of(sp: SamplingParams) -> list[str]:

@@ -41,11 +41,20 @@ def output_problems(tokens: list[int], text: str, req: GenerationRequest, caps: 
     return [Violation("STOP-IN-BLOCK", p) for p in out]
 
 
+def unobserved(res: GenerationResult) -> bool:
+    """Speculation reported used with no round statistics at all: a runtime
+    that counts per response, not per sample (vLLM's n samples). Such a
+    result's statistics are not judged (the exercise tally counts it as
+    unobserved); its finish rules still are."""
+    s = res.speculation
+    return bool(s.used and not s.rounds and not s.drafted)
+
+
 def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[Violation]:
     """The rules one result must obey: STATS-CONSISTENT's (statistics, finish
     reasons) and STOP-IN-BLOCK's that one output can show."""
-    return ([Violation("STATS-CONSISTENT", p) for p in stats_problems(res, req, caps)]
-            + output_problems(res.tokens, res.text, req, caps))
+    stats = finish_problems(res, req, caps) if unobserved(res) else stats_problems(res, req, caps)
+    return [Violation("STATS-CONSISTENT", p) for p in stats] + output_problems(res.tokens, res.text, req, caps)
 
 
 def stream_violations(chunks: list[StreamChunk], req: GenerationRequest, caps: Capabilities,

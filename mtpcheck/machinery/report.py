@@ -95,20 +95,24 @@ def side_of(evidence: list[dict]) -> str | None:
 
 class IdLine(NamedTuple):
     """One xfails/skips line: a node-id prefix or clause id, the reason (its
-    comment) and, optionally, the side of the deviation it documents (`side=`)."""
+    comment) and, optionally, the side of the deviation it documents (`side=`),
+    or that it documents a sample with no accepted proposal (`exercise=none`):
+    only such a line covers a "speculation not exercised" failure, and it
+    covers nothing else."""
 
     entry: str
     reason: str
     side: str | None = None
+    unexercised: bool = False
 
 
 def _pins(path: Path, number: int, words: list[str]) -> dict:
     pins = {}
     for word in words:
         key, eq, value = word.partition("=")
-        if not eq or key != "side" or value not in SIDES:
+        if not eq or not (key == "side" and value in SIDES or key == "exercise" and value == "none"):
             raise IdFileError(f"{str(path)!r} line {number}: {word!r} is not a pin; a line is an id, then optionally "
-                              f"side={'|'.join(SIDES)}, then '# reason'")
+                              f"side={'|'.join(SIDES)} or exercise=none, then '# reason'")
         pins[key] = value
     return pins
 
@@ -132,7 +136,8 @@ def read_id_file(path: str | Path) -> list[IdLine]:
         words = entry.split()
         if words:
             pins = _pins(path, number, words[1:])
-            entries.append(IdLine(words[0], comment.strip() or f"listed in {path.name}", pins.get("side")))
+            entries.append(IdLine(words[0], comment.strip() or f"listed in {path.name}", pins.get("side"),
+                                  pins.get("exercise") == "none"))
     return entries
 
 
