@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
 
 
+def unobserved(res: GenerationResult) -> bool:
+    """Speculation reported used with no round statistics at all: a runtime
+    that counts per response, not per sample (vLLM's n samples). Such a
+    result's statistics are not judged (the result rules judge only its
+    finish); the tally counts it unobserved."""
+    s = res.speculation
+    return bool(s.used and not s.rounds and not s.drafted)
+
+
 class NotExercised(Exception):
     """A passing test whose sample did not exercise what its clause judges: a
     verdict of its own: only an xfails line pinned `exercise=none` documents it."""
@@ -74,7 +83,7 @@ class Tally:
             self.declared_off += [c for c in off if c not in self.declared_off]
             return
         self.used += int(s.used)
-        self.unobserved += int(s.used and not s.rounds and not s.drafted)
+        self.unobserved += int(unobserved(res))
         self.rounds += s.rounds
         self.drafted += s.drafted
         self.accepted += s.accepted

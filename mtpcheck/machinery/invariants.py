@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, StreamChunk
 from mtpcheck.machinery.checks import finish_problems, stats_problems
+from mtpcheck.machinery.exercise import unobserved
 
 
 class Violation(NamedTuple):
@@ -39,15 +40,6 @@ def output_problems(tokens: list[int], text: str, req: GenerationRequest, caps: 
     if hit is not None:
         out.append(f"the text holds the stop string {hit!r} (it must end before it)")
     return [Violation("STOP-IN-BLOCK", p) for p in out]
-
-
-def unobserved(res: GenerationResult) -> bool:
-    """Speculation reported used with no round statistics at all: a runtime
-    that counts per response, not per sample (vLLM's n samples). Such a
-    result's statistics are not judged (the exercise tally counts it as
-    unobserved); its finish rules still are."""
-    s = res.speculation
-    return bool(s.used and not s.rounds and not s.drafted)
 
 
 def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[Violation]:

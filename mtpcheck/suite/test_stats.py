@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import finish_problems, stats_problems
 from mtpcheck.machinery.configs import request, spec_for, without_speculation
-from mtpcheck.machinery.invariants import unobserved
+from mtpcheck.machinery.exercise import unobserved
 from mtpcheck.machinery.strategies import sampling_params
 
 SIDE_WORDS = {"speculative": "speculative path deviates", "both": "both paths deviate (not speculative: the same "
