@@ -179,3 +179,34 @@ def test_unobserved_statistics_are_not_judged_but_finish_rules_are():
     assert result_violations(res.model_copy(update={"tokens": [2] * req.max_tokens}), req, CAPS) == []
     short = res.model_copy(update={"tokens": [2, 3]})
     assert [v.clause for v in result_violations(short, req, CAPS)] == ["STATS-CONSISTENT"]
+
+
+def test_text_is_the_tokens_decoded():
+    """With the backend's decode(), a result's text is its tokens decoded, stop
+    tokens left out, cut before the first stop string; a runtime that also
+    leaves out the model's EOS or holds back an incomplete UTF-8 sequence
+    conforms; text built from part of the tokens does not."""
+    from mtpcheck.contracts import GenerationResult, SpeculationReport
+
+    letters = {2: "ab", 3: "c.d", 4: "e", 7: "<eos>", 5: "\ufffd"}
+
+    def decode(tokens):
+        return "".join(letters[t] for t in tokens)
+
+    off = SpeculationReport(requested=False, used=False, mode="off", runtime="c", reason="not_requested", message="off")
+
+    def text_rules(tokens, text, **kw):
+        res = GenerationResult(tokens=tokens, text=text, finish_reason="length", speculation=off)
+        return [v.problem for v in result_violations(res, _req(max_tokens=len(tokens), **kw), CAPS, decode)]
+
+    assert text_rules([2, 4], "abe") == []
+    assert text_rules([2, 4, 5], "abe") == []  # an incomplete UTF-8 sequence held back at the end
+    assert text_rules([2, 3, 4], "abc", stop=["."]) == []  # cut before the stop string
+    assert text_rules([2, 7, 4], "abe", stop_token_ids=[]) == []  # the model's EOS left out, not a stop here
+    assert text_rules([2, 7, 4], "ab<eos>e", stop_token_ids=[]) == []  # or kept
+    wrong = text_rules([2, 4], "e")  # a block's earlier token missing from the text
+    assert len(wrong) == 1 and "first difference at character 0" in wrong[0]
+    # streams: the finished stream's text is judged under STREAM-COMMIT-ONLY
+    chunks = [StreamChunk(tokens=[2, 4], text="e", finish_reason="length")]
+    found = stream_violations(chunks, _req(max_tokens=2), CAPS, decode=decode)
+    assert [v.clause for v in found] == ["STREAM-COMMIT-ONLY"] and "streamed text" in found[0].problem

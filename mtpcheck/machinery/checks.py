@@ -410,9 +410,10 @@ def events_problems(res: GenerationResult) -> list[str]:
     return out
 
 
-def stream_problems(chunks: list, final: list[int]) -> list[str]:
+def stream_problems(chunks: list, final: list[int], final_text: str | None = None) -> list[str]:
     """EVENTS-COMMIT-ONLY over a stream: chunks concatenate to the final tokens
-    and no chunk carries a token the final output does not hold at that position."""
+    and no chunk carries a token the final output does not hold at that
+    position; with `final_text`, the chunks' text concatenates to it."""
     out, pos = [], 0
     for c, chunk in enumerate(chunks):
         for tok in chunk.tokens:
@@ -427,6 +428,12 @@ def stream_problems(chunks: list, final: list[int]) -> list[str]:
     ends = [c for c, ch in enumerate(chunks) if ch.finish_reason is not None]
     if ends != [len(chunks) - 1]:
         out.append(f"finish_reason set on chunks {ends} of {len(chunks)}; expected on the last chunk only")
+    text = "".join(ch.text for ch in chunks)
+    if final_text is not None and not out and text != final_text:
+        at = next((i for i, (a, b) in enumerate(zip(text, final_text, strict=False)) if a != b),
+                  min(len(text), len(final_text)))
+        out.append(f"the stream's text differs from the final output's at character {at}: "
+                   f"{text[max(at - 12, 0): at + 24]!r} vs {final_text[max(at - 12, 0): at + 24]!r}")
     return out
 
 

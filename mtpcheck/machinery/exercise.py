@@ -19,9 +19,10 @@ def unobserved(res: GenerationResult) -> bool:
     """Speculation reported used with no round statistics at all: a runtime
     that counts per response, not per sample (vLLM's n samples). Such a
     result's statistics are not judged (the result rules judge only its
-    finish); the tally counts it unobserved."""
+    finish); the tally counts it unobserved. A one-token result (ended at
+    the prefill's token) has no round to observe."""
     s = res.speculation
-    return bool(s.used and not s.rounds and not s.drafted)
+    return bool(s.used and not s.rounds and not s.drafted and len(res.tokens) > 1)
 
 
 class NotExercised(Exception):

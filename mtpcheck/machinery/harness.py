@@ -191,6 +191,13 @@ class Guarded:
             raise BackendGarbage(f"decode() returned {type(out).__name__}, not str")
         return out
 
+    def _text_rule(self):
+        """The detokenizer the result rules judge text with: the backend's
+        decode() where it declares text, else None (no text rule)."""
+        if not self.capabilities().text or getattr(self.backend, "decode", None) is None:
+            return None
+        return self.decode
+
     def _constraint_declared(self, *reqs: GenerationRequest) -> None:
         # a backend that does not declare the field would drop it silently: the request never leaves
         if any(r.constraint is not None for r in reqs) and not self.capabilities().request_constraints:
@@ -212,7 +219,7 @@ class Guarded:
         if res.logprobs is not None and len(res.logprobs) != len(res.tokens):
             raise BackendGarbage(f"{len(res.logprobs)} logprobs for {len(res.tokens)} tokens")
         self.tally.add(req, res, self.capabilities())
-        self._judge(what, req, result_violations(res, req, self.capabilities()), index)
+        self._judge(what, req, result_violations(res, req, self.capabilities(), self._text_rule()), index)
         return res
 
     def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
@@ -229,7 +236,7 @@ class Guarded:
         (consumed under one timeout), each validated."""
         self._streams(req)
         chunks = self._chunks(self._consume(req, lambda r: list(self.backend.generate_stream(r))))
-        self._judge("generate_stream()", req, stream_violations(chunks, req, self.capabilities()))
+        self._judge("generate_stream()", req, stream_violations(chunks, req, self.capabilities(), decode=self._text_rule()))
         return chunks
 
     def abandon_stream(self, req: GenerationRequest, after: int) -> tuple[list[StreamChunk], bool]:
@@ -253,7 +260,7 @@ class Guarded:
 
         chunks = self._chunks(self._consume(req, take))
         self._judge(f"generate_stream() abandoned after {after} chunks", req,
-                    stream_violations(chunks, req, self.capabilities(), complete=False))
+                    stream_violations(chunks, req, self.capabilities(), complete=False, decode=self._text_rule()))
         return chunks, any(c.finish_reason is not None for c in chunks)
 
     def _streams(self, req: GenerationRequest) -> None:

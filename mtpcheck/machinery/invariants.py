@@ -9,6 +9,7 @@ clause that owns it, naming the call, not as a failure of the calling test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, StreamChunk
@@ -42,18 +43,51 @@ def output_problems(tokens: list[int], text: str, req: GenerationRequest, caps: 
     return [Violation("STOP-IN-BLOCK", p) for p in out]
 
 
-def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[Violation]:
+def _short(text: str, at: int) -> str:
+    return repr(text[max(at - 12, 0): at + 24])
+
+
+def text_problem(tokens: list[int], text: str, req: GenerationRequest, caps: Capabilities,
+                 decode: Callable[[list[int]], str]) -> str | None:
+    """The text is the output tokens decoded, stop tokens left out, cut before
+    the first stop string. The model's EOS ids may be left out of the text
+    even where the request's stop tokens do not name them (a runtime that
+    skips special tokens); an incomplete UTF-8 sequence may be held back at
+    the end."""
+    stops = _stops(req, caps)
+    kept = [t for t in tokens if t not in stops]
+    try:
+        wants = [decode(kept)]
+        if set(caps.eos_token_ids) - stops and set(kept) & set(caps.eos_token_ids):
+            wants.append(decode([t for t in kept if t not in caps.eos_token_ids]))
+    except Exception:  # a failing decode() is judged by the clauses that call it
+        return None
+    cut = [w[: min((w.find(s) for s in req.stop if s in w), default=len(w))] for w in wants]
+    if text.rstrip("\ufffd") in {w.rstrip("\ufffd") for w in cut}:
+        return None
+    w = cut[0]
+    at = next((i for i, (a, b) in enumerate(zip(text, w, strict=False)) if a != b), min(len(text), len(w)))
+    return (f"text is not the output tokens decoded: {len(text)} characters, the {len(tokens)} tokens decode to "
+            f"{len(w)}; first difference at character {at}: {_short(text, at)} vs {_short(w, at)}")
+
+
+def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capabilities,
+                      decode: Callable[[list[int]], str] | None = None) -> list[Violation]:
     """The rules one result must obey: STATS-CONSISTENT's (statistics, finish
-    reasons) and STOP-IN-BLOCK's that one output can show."""
+    reasons) and STOP-IN-BLOCK's that one output can show (with `decode`, the
+    backend's detokenizer, its text too)."""
     stats = finish_problems(res, req, caps) if unobserved(res) else stats_problems(res, req, caps)
-    return [Violation("STATS-CONSISTENT", p) for p in stats] + output_problems(res.tokens, res.text, req, caps)
+    out = [Violation("STATS-CONSISTENT", p) for p in stats] + output_problems(res.tokens, res.text, req, caps)
+    why = decode and text_problem(res.tokens, res.text, req, caps, decode)
+    return out + ([Violation("STOP-IN-BLOCK", why)] if why else [])
 
 
 def stream_violations(chunks: list[StreamChunk], req: GenerationRequest, caps: Capabilities,
-                      complete: bool = True) -> list[Violation]:
+                      complete: bool = True, decode: Callable[[list[int]], str] | None = None) -> list[Violation]:
     """A stream's chunks, assembled: the finish reason on its last chunk only
-    (on a complete stream, there), the output rules, and the finish rules
-    (STATS-CONSISTENT's) once it has finished."""
+    (on a complete stream, there), the output rules, the streamed text (with
+    `decode`, on a finished stream: the tokens it carried, decoded), and the
+    finish rules (STATS-CONSISTENT's) once it has finished."""
     tokens = [t for c in chunks for t in c.tokens]
     ends = [i for i, c in enumerate(chunks) if c.finish_reason is not None]
     out = []
@@ -61,6 +95,9 @@ def stream_violations(chunks: list[StreamChunk], req: GenerationRequest, caps: C
         out.append(Violation("STREAM-COMMIT-ONLY", f"finish_reason set on chunks {ends} of {len(chunks)}; "
                                                    "expected on the last chunk only"))
     out += output_problems(tokens, "".join(c.text for c in chunks), req, caps)
+    why = decode and ends and text_problem(tokens, "".join(c.text for c in chunks), req, caps, decode)
+    if why:
+        out.append(Violation("STREAM-COMMIT-ONLY", f"streamed {why}"))
     if ends:
         done = GenerationResult.model_construct(tokens=tokens, finish_reason=chunks[ends[-1]].finish_reason)
         out += [Violation("STATS-CONSISTENT", p) for p in finish_problems(done, req, caps)]

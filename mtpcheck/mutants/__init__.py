@@ -171,6 +171,9 @@ ZOO: list[Mutant] = [
            ("EVENTS-COMMIT-ONLY", "TRACE-ROLLBACK"), _zoo("events_at_draft_time")),
     Mutant("stream-publishes-proposals", "B09", "the stream shows proposals when drafted; generate() is right",
            ("STREAM-COMMIT-ONLY",), _zoo("stream_publishes_proposals"), scope="backend"),
+    Mutant("stream-text-newest-token-only", "B09", "the stream's detokenizer is fed each chunk's newest token only: "
+           "a block's earlier tokens are missing from the streamed text", ("STREAM-COMMIT-ONLY",),
+           _zoo("stream_text_newest_token_only"), scope="backend", base="mlx"),
     Mutant("abandoned-sampler-reused", "B12", "after a client goes away mid-stream, the next sampled request draws "
            "from the abandoned request's seed", ("STREAM-DISCONNECT",), _zoo("abandoned_sampler_reused"),
            scope="backend"),
@@ -281,6 +284,9 @@ ZOO: list[Mutant] = [
     Mutant("publishes-after-stop-in-block", "B10", "a block is published before the stop rule cuts it: the tokens "
            "after a stop accepted inside it are streamed, the result cut right", ("STOP-IN-BLOCK",),
            _zoo("publishes_after_stop_in_block")),
+    Mutant("model-eos-checked-at-round-end", "B10", "the model's own EOS (no stop_token_ids in the request) is "
+           "checked on a round's last token only: an EOS accepted inside a block is followed by the rest of it",
+           ("STOP-IN-BLOCK",), _zoo("model_eos_checked_at_round_end")),
     Mutant("batch-slot-counters-carried", "B11", "generate_batch: each result after the first also reports the "
            "previous request's rounds (a batch slot's counters not reset)",
            ("STATS-CONSISTENT",), _zoo("batch_slot_counters_carried"), scope="backend",

@@ -716,6 +716,22 @@ def stream_publishes_proposals(backend):
     backend.generate_stream = generate_stream
 
 
+def stream_text_newest_token_only(backend):
+    """The stream's incremental detokenizer is fed each chunk's newest token
+    only: a chunk that carries a block has the last token's text, the
+    block's earlier tokens are missing from the streamed text. Tokens, finish
+    reasons and generate() are right."""
+    generate_stream = backend.generate_stream
+
+    def newest_only(request):
+        for c in generate_stream(request):
+            if len(c.tokens) > 1 and c.text:
+                c = c.model_copy(update={"text": backend.decode(c.tokens[-1:])})
+            yield c
+
+    backend.generate_stream = newest_only
+
+
 def _on_abandon(backend, left_behind):
     """generate_stream as the reference's, but a stream its caller closes
     part-way (a client gone away) calls left_behind(request, state)."""
@@ -1135,6 +1151,30 @@ class PublishesAfterStopInBlock(Engine):
 
 def publishes_after_stop_in_block(engine):
     become(engine, PublishesAfterStopInBlock)
+
+
+class ModelEosCheckedAtRoundEnd(Engine):
+    """B10: the model's own EOS (a request without stop_token_ids) is checked
+    on each round's last token only; stop_token_ids a request names are checked
+    on every token. An EOS accepted inside a block is emitted with the rest of
+    the block after it, and decoding goes on."""
+
+    def commit(self, st, emitted, logprobs):
+        m = st.matcher
+        if st.req.stop_token_ids is not None or len(emitted) < 2:
+            return super().commit(st, emitted, logprobs)
+        eos, m.eos = m.eos, set()
+        try:
+            c = super().commit(st, emitted[:-1], logprobs[:-1])
+        finally:
+            m.eos = eos
+        if st.out.finish_reason or c < len(emitted) - 1:
+            return c
+        return c + super().commit(st, emitted[-1:], logprobs[-1:])
+
+
+def model_eos_checked_at_round_end(engine):
+    become(engine, ModelEosCheckedAtRoundEnd)
 
 
 def batch_slot_counters_carried(backend):

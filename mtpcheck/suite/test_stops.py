@@ -34,8 +34,15 @@ class _Greedy:
 
 
 @pytest.fixture(scope="module")
-def greedy_outputs(mtp_backend, mtp_fixture):
-    return _Greedy(mtp_backend, mtp_fixture)
+def ending_prompts(mtp_backend):
+    from mtpcheck.fixture import ending_prompts
+
+    return ending_prompts(mtp_backend)
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(mtp_backend, mtp_fixture, ending_prompts):
+    return _Greedy(mtp_backend, {**mtp_fixture, **ending_prompts})
 
 
 def _published_after_stop(res):
@@ -124,6 +131,51 @@ def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp
     # exercise evidence: how many stops fell inside an accepted block (an accepted
     # proposal with the rest of its round after it: what a B10 runtime emits)
     mtp_record(stop_token_roles=roles, stops_inside_accepted_block=inside)
+
+
+@pytest.mark.contract("STOP-IN-BLOCK")
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_model_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp_record, ending_prompts,
+                                      greedy_outputs, depth):
+    """The model's own end-of-sequence token (a request without stop_token_ids)
+    ends the output at its first occurrence. Wherever the greedy output without
+    stops holds the model's EOS - the fixture's document endings (the target
+    emits its EOS a few tokens on and the drafter proposes it with the next
+    document's start after it) and any suite prompt - the EOS lands inside
+    accepted blocks, where a runtime that checks the model's EOS apart from
+    the request's stop tokens (on a round's last token) emits the rest."""
+    eos = set(mtp_capabilities.eos_token_ids)
+    if not eos:
+        pytest.skip("backend declares no EOS token (Capabilities.eos_token_ids)")
+    depth = min(depth, mtp_capabilities.max_depth)
+    spec = spec_for(mtp_capabilities, depth)
+    first = mtp_capabilities.first_token_from_prefill
+    roles, inside = {}, 0
+    for name, prompt in {**mtp_fixture, **ending_prompts}.items():
+        plain = greedy_outputs.plain(name)
+        j = next((i for i, t in enumerate(plain.tokens) if t in eos), None)
+        if j is None:  # no EOS within LONG greedy tokens of this prompt
+            roles["not reached"] = roles.get("not reached", 0) + 1
+            continue
+
+        def problem(res, j=j, want=plain.tokens[: j + 1], name=name):
+            where = f"model EOS {want[-1]} at {j} (prompt {name}, depth {depth}, no stop_token_ids)"
+            if res.tokens != want:
+                after = res.tokens[j + 1:] if res.tokens[: j + 1] == want else None
+                return (f"{where}: got {len(res.tokens)} tokens, expected {j + 1}"
+                        + (f"; {len(after)} emitted after the EOS: {after[:8]}" if after else ""))
+            if res.finish_reason != "stop":
+                return f"{where}: finish_reason={res.finish_reason!r}, expected 'stop'"
+            return f"{where}: token events published after the stop" if _published_after_stop(res) else None
+
+        req = request(prompt, LONG, GREEDY, spec)
+        res = mtp_backend.generate(req)
+        role = token_role(res, j, first) if len(res.tokens) > j else "absent"
+        roles[role] = roles.get(role, 0) + 1
+        inside += _inside_a_block(res, j, first)
+        _judge(mtp_backend, req, res, problem, mtp_record)
+    # exercise evidence: the model's EOS as an accepted proposal, more of its round after it
+    mtp_record(eos_roles=roles, eos_inside_accepted_block=inside)
 
 
 @pytest.mark.contract("STOP-IN-BLOCK")
