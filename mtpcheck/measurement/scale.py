@@ -56,7 +56,7 @@ def zipf_rows(V: int, rows: int, sp: SamplingParams, rng: np.random.Generator) -
         p[p < sp.min_p * p[:, :1]] = 0.0
     p /= p.sum(axis=1, keepdims=True)
     ranks = (np.cumsum(p, axis=1) < rng.random((rows, 1))).sum(axis=1).clip(max=V - 1)
-    perm = np.argsort(rng.random((rows, V)), axis=1)  # token id of each rank
+    perm = rng.permuted(np.tile(np.arange(V), (rows, 1)), axis=1)  # token id of each rank
     laws = np.zeros_like(p)
     np.put_along_axis(laws, perm, p, axis=1)
     return perm[np.arange(rows), ranks], laws
