@@ -289,11 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect_mod.add_parser(sub)
     from mtpcheck.machinery import golden
-    from mtpcheck.measurement import bench
+    from mtpcheck.measurement import bench, scale
     from mtpcheck.mutants import run as mutants_run
 
     golden.add_parser(sub)
     bench.add_parser(sub)
+    scale.add_parser(sub)
     mutants_run.add_parser(sub)
     return parser
 

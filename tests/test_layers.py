@@ -61,7 +61,7 @@ LOWER = {
     "mutants": {"contracts", "catalogue", "laws", "inspect", "engine", "machinery", "backends", "backend",
                 "fixture", "__init__"},
     # what `mtpcheck bench` runs: a loaded backend timed on the fixture's prompts
-    "measurement": {"contracts", "backends", "backend", "fixture"},
+    "measurement": {"contracts", "laws", "machinery", "backends", "backend", "fixture"},
 }
 TOP = {"suite", "plugin", "_plugin_impl", "cli"}
 # the package's own top-level modules: no alias of a moved module among them

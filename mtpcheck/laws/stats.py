@@ -6,6 +6,10 @@ backend's teacher-forced `target_distributions` on the emitted prefix. Each
 observation may come from a different context; the tests pool them without
 assuming a common law.
 
+* `summarise` / `summarise_truncated` - what the tests read of each
+  observation (its token's rank and masses, the rank-bin masses of its law),
+  without the row: a sample of any vocabulary held in kilobytes. Every test
+  accepts observations or their summary, with the same result.
 * `zero_probability_violations` - tokens of target probability 0: an
   immediate failure, no statistics needed.
 * `rank_gtest` - the main test: a G-test in rank space (see its docstring).
@@ -33,11 +37,13 @@ from scipy import optimize, stats
 __all__ = [
     "DEFAULT_POWER",
     "MIN_EXPECTED",
+    "LawSummary",
     "SUITE_ALPHA",
     "Observation",
     "ObservationBatch",
     "Observations",
     "TestResult",
+    "TopLawSummary",
     "alpha_for",
     "bonferroni",
     "detectable_tv",
@@ -46,6 +52,8 @@ __all__ = [
     "pit_ks",
     "rank_gtest",
     "samples_for_tv",
+    "summarise",
+    "summarise_truncated",
     "zero_probability_violations",
 ]
 
@@ -137,53 +145,155 @@ class ObservationBatch:
 
 Observations = Iterable[Observation] | ObservationBatch
 
+BLOCK_BYTES = 1 << 24
+"""Float64 law held at once while observations are summarised: the tests'
+working memory is a few times this, whatever the sample size and vocabulary."""
 
-def _stack(obs: Observations) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """tokens [n], P [n, Vmax] (rows zero-padded), valid [n] (token in range)."""
+
+def _rows_per_block(width: int) -> int:
+    return max(1, BLOCK_BYTES // (8 * max(width, 1)))
+
+
+def _blocks(obs: Observations) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(raw tokens [m], laws [m, Vmax] float64 zero-padded, row lengths [m]) a
+    block at a time, so that the whole sample is never copied at once."""
     if isinstance(obs, ObservationBatch):
-        P = np.array(obs.probs, dtype=np.float64, ndmin=2)
+        probs = obs.probs if np.ndim(obs.probs) == 2 else np.array(obs.probs, dtype=np.float64, ndmin=2)
         raw = np.asarray(obs.tokens, dtype=np.int64).ravel()
-        if P.shape[0] != raw.shape[0]:
+        if probs.shape[0] != raw.shape[0]:
             raise ValueError("ObservationBatch: one token per distribution")
-        valid = (raw >= 0) & (raw < P.shape[1])
-        tokens = np.where(valid, raw, 0)
-        n = len(tokens)
+        step = _rows_per_block(probs.shape[1])
+        for i in range(0, len(raw), step):
+            P = np.array(probs[i : i + step], dtype=np.float64)
+            yield raw[i : i + step], P, np.full(len(P), P.shape[1])
+        return
+    pairs = list(obs)
+    rows = [np.asarray(p, dtype=np.float64).ravel() for _, p in pairs]
+    raw = np.array([int(t) for t, _ in pairs], dtype=np.int64)
+    vmax = max((len(r) for r in rows), default=0)
+    step = _rows_per_block(vmax)
+    for i in range(0, len(rows), step):
+        chunk = rows[i : i + step]
+        P = np.zeros((len(chunk), vmax))
+        for j, r in enumerate(chunk):
+            P[j, : len(r)] = r
+        yield raw[i : i + step], P, np.array([len(r) for r in chunk])
+
+
+def _width(obs: Observations) -> int:
+    """The vocabulary of an empty sample (a batch keeps its width)."""
+    return int(np.shape(obs.probs)[-1]) if isinstance(obs, ObservationBatch) and np.ndim(obs.probs) == 2 else 0
+
+
+def _check_finite(P: np.ndarray) -> None:
+    if not np.all(np.isfinite(P)) or np.any(P < 0):
+        raise ValueError("target distributions must be finite and non-negative")
+
+
+def _by_rank(P: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of P in rank order (descending, ties by lower token id) and
+    each token's rank. Zeros rank last and add nothing to a sum, so only the
+    largest k entries (k the widest support in the block) are ordered: the
+    filtered laws' support is a few dozen tokens of V. A token of probability
+    0 gets rank k (it fails before any rank is used)."""
+    m, V = P.shape
+    k = int((P > 0).sum(axis=1).max(initial=0))
+    if k >= V // 2:
+        order = np.argsort(-P, axis=1, kind="stable")
     else:
-        obs = list(obs)
-        n = len(obs)
-        rows = [np.asarray(p, dtype=np.float64).ravel() for _, p in obs]
-        vmax = max((len(r) for r in rows), default=0)
-        P = np.zeros((n, vmax))
-        tokens = np.empty(n, dtype=np.int64)
-        valid = np.ones(n, dtype=bool)
-        for i, ((t, _), r) in enumerate(zip(obs, rows, strict=True)):
-            P[i, : len(r)] = r
-            t = int(t)
-            valid[i] = 0 <= t < len(r)
-            tokens[i] = t if valid[i] else 0
-    if n:
-        if not np.all(np.isfinite(P)) or np.any(P < 0):
-            raise ValueError("target distributions must be finite and non-negative")
-        sums = P.sum(axis=1)
-        if np.any(np.abs(sums - 1.0) > 1e-6):
-            bad = int(np.argmax(np.abs(sums - 1.0)))
-            raise ValueError(f"observation {bad}: target distribution sums to {sums[bad]!r}, not 1")
-        P /= sums[:, None]
-    return tokens, P, valid
+        top = np.argpartition(-P, k - 1, axis=1)[:, :k] if k else np.zeros((m, 0), dtype=np.int64)
+        vals = np.take_along_axis(P, top, axis=1)
+        order = np.take_along_axis(top, np.lexsort((top, -vals), axis=-1), axis=1)
+    sorted_p = np.zeros_like(P)
+    sorted_p[:, : order.shape[1]] = np.take_along_axis(P, order, axis=1)
+    hit = order == tokens[:, None]
+    ranks = np.where(hit.any(axis=1), np.argmax(hit, axis=1), order.shape[1])
+    return sorted_p, ranks
 
 
-def _zero_mask(tokens: np.ndarray, P: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    if len(tokens) == 0:
-        return np.zeros(0, dtype=bool)
-    return ~valid | (P[np.arange(len(tokens)), tokens] <= 0.0)
+@dataclass(frozen=True, eq=False)
+class LawSummary:
+    """What the whole-law tests read of each observation, without its row:
+    a few numbers and the rank-bin masses (about log2 V of them), so that a
+    sample of any vocabulary is held in kilobytes. Built by `summarise`;
+    the tests give the results they give on the rows themselves."""
+
+    zero: np.ndarray  # [n] bool: token outside the vocabulary or of target probability 0
+    informative: np.ndarray  # [n] bool: more than one token of positive probability
+    ranks: np.ndarray  # [n] int: the token's rank under its own p (descending, ties by lower id)
+    mass: np.ndarray  # [n] float64: p[token]
+    below: np.ndarray  # [n] float64: the p-mass ranked above the token (cumulated in rank order)
+    below_id: np.ndarray  # [n] float64: the p-mass of lower token ids
+    bins: np.ndarray  # [n, B] float64: p in rank order summed over the bins of `_base_edges(width)`
+    width: int  # the vocabulary (the widest row)
+
+    def __len__(self) -> int:
+        return len(self.zero)
+
+    def take(self, keep: np.ndarray) -> LawSummary:
+        return LawSummary(self.zero[keep], self.informative[keep], self.ranks[keep], self.mass[keep],
+                          self.below[keep], self.below_id[keep], self.bins[keep], self.width)
+
+    @staticmethod
+    def join(parts: Sequence[LawSummary]) -> LawSummary:
+        """One summary of several samples' observations, in order (narrower
+        vocabularies' missing bins hold no mass)."""
+        width = max((s.width for s in parts), default=0)
+        nbins = len(_base_edges(width)) - 1
+        bins = [np.pad(s.bins, ((0, 0), (0, nbins - s.bins.shape[1]))) for s in parts]
+        cat = lambda name: np.concatenate([getattr(s, name) for s in parts]) if parts else np.zeros(0)
+        return LawSummary(cat("zero").astype(bool), cat("informative").astype(bool), cat("ranks").astype(np.int64),
+                          cat("mass"), cat("below"), cat("below_id"),
+                          np.concatenate(bins) if bins else np.zeros((0, nbins)), width)
 
 
-def zero_probability_violations(obs: Observations) -> list[int]:
+def _summarise_block(raw: np.ndarray, P: np.ndarray, lengths: np.ndarray, offset: int) -> LawSummary:
+    valid = (raw >= 0) & (raw < lengths)
+    tokens = np.where(valid, raw, 0)
+    _check_finite(P)
+    sums = P.sum(axis=1)
+    if np.any(np.abs(sums - 1.0) > 1e-6):
+        bad = int(np.argmax(np.abs(sums - 1.0)))
+        raise ValueError(f"observation {offset + bad}: target distribution sums to {sums[bad]!r}, not 1")
+    P /= sums[:, None]
+    rows = np.arange(len(tokens))
+    mass = P[rows, tokens]
+    sorted_p, ranks = _by_rank(P, tokens)
+    edges = _base_edges(P.shape[1])
+    return LawSummary(
+        zero=~valid | (mass <= 0.0),
+        informative=(P > 0).sum(axis=1) > 1,
+        ranks=ranks,
+        mass=mass,
+        below=np.cumsum(sorted_p, axis=1)[rows, ranks] - mass,
+        below_id=np.cumsum(P, axis=1)[rows, tokens] - mass,
+        bins=np.add.reduceat(sorted_p, edges[:-1], axis=1),
+        width=P.shape[1],
+    )
+
+
+def summarise(obs: Observations | LawSummary) -> LawSummary:
+    """Observations (token, whole law) -> their LawSummary, a block of rows at
+    a time. ValueError on a law that is negative, not finite or does not sum
+    to 1 (within 1e-6; it is renormalised)."""
+    if isinstance(obs, LawSummary):
+        return obs
+    parts, offset = [], 0
+    for raw, P, lengths in _blocks(obs):
+        parts.append(_summarise_block(raw, P, lengths, offset))
+        offset += len(raw)
+    if not parts:
+        w = _width(obs)
+        return LawSummary(np.zeros(0, bool), np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0), np.zeros(0),
+                          np.zeros(0), np.zeros((0, len(_base_edges(w)) - 1)), w)
+    return LawSummary.join(parts)
+
+
+def zero_probability_violations(obs: Observations | LawSummary) -> list[int]:
     """Indices of observations whose token has target probability 0 (or lies
     outside the vocabulary). Any one is a failure: a lossless sampler never
     emits such a token."""
-    tokens, P, valid = _stack(obs)
-    return np.flatnonzero(_zero_mask(tokens, P, valid)).tolist()
+    return np.flatnonzero(summarise(obs).zero).tolist()
 
 
 def filter_margin(raw: np.ndarray, token: int, sp) -> float:
@@ -216,14 +326,6 @@ def filter_margin(raw: np.ndarray, token: int, sp) -> float:
         thr = sp.min_p * p.max()
         worst = max(worst, (thr - p[token]) / thr)
     return max(worst, 0.0)
-
-
-def _ranked(tokens: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rank of each token under its own p (descending, ties by lower token id)
-    and each p sorted in that order."""
-    order = np.argsort(-P, axis=1, kind="stable")
-    ranks = np.argmax(order == tokens[:, None], axis=1)
-    return ranks, np.take_along_axis(P, order, axis=1)
 
 
 def _zero_result(name: str, alpha: float, n: int, bad: np.ndarray) -> TestResult:
@@ -309,14 +411,12 @@ def rank_gtest(
     out (`n_dropped`). A token of probability 0 fails at once.
     """
     name = "rank_gtest"
-    tokens, P, valid = _stack(obs)
-    n_all = len(tokens)
-    bad = _zero_mask(tokens, P, valid)
-    if bad.any():
-        return _zero_result(name, alpha, n_all, bad)
-    informative = (P > 0).sum(axis=1) > 1
-    tokens, P = tokens[informative], P[informative]
-    n = len(tokens)
+    s = summarise(obs)
+    n_all = len(s)
+    if s.zero.any():
+        return _zero_result(name, alpha, n_all, s.zero)
+    s = s.take(s.informative)
+    n = len(s)
     dropped = n_all - n
     if n_bins is not None and n_bins < 2:
         raise ValueError("n_bins must be >= 2")
@@ -325,11 +425,10 @@ def rank_gtest(
             name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
             passed=True, note="no informative observations: no test", n_dropped=dropped,
         )  # fmt: skip
-    ranks, sorted_p = _ranked(tokens, P)
-    edges = _base_edges(P.shape[1])
-    base_expected = np.add.reduceat(sorted_p, edges[:-1], axis=1).sum(axis=0)
+    edges = _base_edges(s.width)
+    base_expected = s.bins.sum(axis=0)
     base_observed = np.bincount(
-        np.searchsorted(edges, ranks, side="right") - 1, minlength=len(edges) - 1
+        np.searchsorted(edges, s.ranks, side="right") - 1, minlength=len(edges) - 1
     )
     groups = _merge(base_expected, min_expected, n_bins)
     expected = np.array([base_expected[g].sum() for g in groups])
@@ -396,32 +495,23 @@ def pit_ks(
     c_x the upper-x quantile of the Kolmogorov distribution.
     """
     name = "pit_ks"
-    tokens, P, valid = _stack(obs)
-    n_all = len(tokens)
-    bad = _zero_mask(tokens, P, valid)
-    if bad.any():
-        return _zero_result(name, alpha, n_all, bad)
-    informative = (P > 0).sum(axis=1) > 1
-    tokens, P = tokens[informative], P[informative]
-    n = len(tokens)
+    s = summarise(obs)
+    n_all = len(s)
+    if s.zero.any():
+        return _zero_result(name, alpha, n_all, s.zero)
+    s = s.take(s.informative)
+    n = len(s)
     dropped = n_all - n
     if n == 0:
         return TestResult(
             name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
             passed=True, note="no informative observations: no test", n_dropped=dropped,
         )  # fmt: skip
-    rows = np.arange(n)
-    if order == "id":
-        mass = P[rows, tokens]
-        below = np.cumsum(P, axis=1)[rows, tokens] - mass
-    elif order == "rank":
-        ranks, sorted_p = _ranked(tokens, P)
-        mass = sorted_p[rows, ranks]
-        below = np.cumsum(sorted_p, axis=1)[rows, ranks] - mass
-    else:
+    if order not in ("id", "rank"):
         raise ValueError(f"pit_ks: order={order!r}, expected 'rank' or 'id'")
+    below = s.below_id if order == "id" else s.below
     v = np.random.default_rng(rng_seed).random(n)
-    u = np.clip(below + v * mass, 0.0, 1.0)
+    u = np.clip(below + v * s.mass, 0.0, 1.0)
     res = stats.kstest(u, "uniform")
     sup = (stats.kstwobign.isf(alpha) + stats.kstwobign.isf(1.0 - power)) / math.sqrt(n)
     return TestResult(
@@ -532,83 +622,101 @@ def truncate_laws(P: np.ndarray, top_n: int) -> np.ndarray:
     return out
 
 
-def _stack_truncated(obs: Observations, top_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """tokens [n], P [n, V] (the top-N rows), tail mass [n], valid [n]."""
-    if top_n < 1:
-        raise ValueError("top_n must be >= 1")
-    if isinstance(obs, ObservationBatch):
-        P = np.array(obs.probs, dtype=np.float64, ndmin=2)
-        raw = np.asarray(obs.tokens, dtype=np.int64).ravel()
-    else:
-        obs = list(obs)
-        rows = [np.asarray(p, dtype=np.float64).ravel() for _, p in obs]
-        vmax = max((len(r) for r in rows), default=0)
-        P = np.zeros((len(rows), vmax))
-        for i, r in enumerate(rows):
-            P[i, : len(r)] = r
-        raw = np.array([int(t) for t, _ in obs], dtype=np.int64)
-    if P.shape[0] != raw.shape[0]:
-        raise ValueError("one token per distribution")
-    valid = (raw >= 0) & (raw < P.shape[1])
-    tokens = np.where(valid, raw, 0)
-    if len(tokens):
-        if not np.all(np.isfinite(P)) or np.any(P < 0):
-            raise ValueError("target distributions must be finite and non-negative")
-        if np.any((P > 0).sum(axis=1) > top_n):
-            raise ValueError(f"a truncated row holds more than top_n={top_n} nonzero probabilities")
-        sums = P.sum(axis=1)
-        if np.any(sums > 1.0 + 1e-6):
-            bad = int(np.argmax(sums))
-            raise ValueError(f"observation {bad}: truncated law sums to {sums[bad]!r} > 1")
-    tail = np.clip(1.0 - P.sum(axis=1), 0.0, 1.0) if len(tokens) else np.zeros(0)
-    tail[tail < 1e-9] = 0.0  # float rounding of a whole law
-    return tokens, P, tail, valid
+@dataclass(frozen=True, eq=False)
+class TopLawSummary:
+    """What the truncated tests read of each observation: its top-N masses
+    in rank order and its tail, [n, N + 1], built by `summarise_truncated`."""
+
+    zero: np.ndarray  # [n] bool: provably of probability 0 (see _truncated_zero)
+    informative: np.ndarray  # [n] bool: more than one place for the token (listed tokens and the tail)
+    ranks: np.ndarray  # [n] int: the token's rank in the top N, N for a tail token
+    masses: np.ndarray  # [n, N + 1] float64: the top N in rank order, then the tail
+    top_n: int
+
+    def __len__(self) -> int:
+        return len(self.zero)
+
+    def take(self, keep: np.ndarray) -> TopLawSummary:
+        return TopLawSummary(self.zero[keep], self.informative[keep], self.ranks[keep], self.masses[keep], self.top_n)
+
+    @property
+    def tail(self) -> np.ndarray:
+        return self.masses[:, -1]
+
+    @staticmethod
+    def join(parts: Sequence[TopLawSummary], top_n: int) -> TopLawSummary:
+        """One summary of several samples' observations (of one vocabulary), in order."""
+        cat = lambda name: np.concatenate([getattr(s, name) for s in parts]) if parts else np.zeros(0)
+        masses = np.concatenate([s.masses for s in parts]) if parts else np.zeros((0, top_n + 1))
+        return TopLawSummary(cat("zero").astype(bool), cat("informative").astype(bool), cat("ranks").astype(np.int64),
+                             masses, top_n)
 
 
-def _truncated_zero_mask(tokens, P, tail, valid) -> np.ndarray:
+def _truncated_zero(valid: np.ndarray, listed: np.ndarray, tail: np.ndarray) -> np.ndarray:
     """A token of probability 0: outside the vocabulary, or outside the top N
     of a row whose tail is empty (a named top-N token always has p > 0)."""
-    if len(tokens) == 0:
-        return np.zeros(0, dtype=bool)
-    listed = P[np.arange(len(tokens)), tokens] > 0
     return ~valid | (~listed & (tail <= 0.0))
 
 
-def truncated_zero_probability_violations(obs: Observations, top_n: int) -> list[int]:
-    """DIST-ZERO on truncated laws: only tokens that are provably of
-    probability 0 (see :func:`_truncated_zero_mask`) count."""
-    tokens, P, tail, valid = _stack_truncated(obs, top_n)
-    return np.flatnonzero(_truncated_zero_mask(tokens, P, tail, valid)).tolist()
-
-
-def _truncated_ranked(tokens, P, tail, top_n):
-    """Rank of each token (top_n for a tail token) and the sorted masses
-    [n, top_n + 1]: the top N in rank order, then the tail."""
-    order = np.argsort(-P, axis=1, kind="stable")[:, :top_n]
-    sorted_p = np.take_along_axis(P, order, axis=1)
+def _summarise_truncated_block(raw, P, offset, top_n) -> TopLawSummary:
+    valid = (raw >= 0) & (raw < P.shape[1])
+    tokens = np.where(valid, raw, 0)
+    _check_finite(P)
+    if np.any((P > 0).sum(axis=1) > top_n):
+        raise ValueError(f"a truncated row holds more than top_n={top_n} nonzero probabilities")
+    sums = P.sum(axis=1)
+    if np.any(sums > 1.0 + 1e-6):
+        bad = int(np.argmax(sums))
+        raise ValueError(f"observation {offset + bad}: truncated law sums to {sums[bad]!r} > 1")
+    tail = np.clip(1.0 - sums, 0.0, 1.0)
+    tail[tail < 1e-9] = 0.0  # float rounding of a whole law
     listed = P[np.arange(len(tokens)), tokens] > 0
-    hit = order == tokens[:, None]
-    ranks = np.where(listed, np.argmax(hit, axis=1), top_n)
-    return ranks, np.concatenate([sorted_p, tail[:, None]], axis=1)
+    sorted_p, ranks = _by_rank(P, tokens)
+    return TopLawSummary(
+        zero=_truncated_zero(valid, listed, tail),
+        informative=((P > 0).sum(axis=1) + (tail > 0)) > 1,
+        ranks=np.where(listed, ranks, top_n),
+        masses=np.concatenate([sorted_p[:, :top_n], tail[:, None]], axis=1),
+        top_n=top_n,
+    )
 
 
-def _truncated_informative(obs: Observations, top_n: int, name: str, alpha: float):
+def summarise_truncated(obs: Observations | TopLawSummary, top_n: int) -> TopLawSummary:
+    """Observations (token, top-N law) -> their TopLawSummary, a block at a
+    time. ValueError on a row that is negative, not finite, lists more than
+    top_n tokens or sums above 1."""
+    if top_n < 1:
+        raise ValueError("top_n must be >= 1")
+    if isinstance(obs, TopLawSummary):
+        return obs
+    parts, offset = [], 0
+    for raw, P, _ in _blocks(obs):
+        parts.append(_summarise_truncated_block(raw, P, offset, top_n))
+        offset += len(raw)
+    return TopLawSummary.join(parts, top_n)
+
+
+def truncated_zero_probability_violations(obs: Observations | TopLawSummary, top_n: int) -> list[int]:
+    """DIST-ZERO on truncated laws: only tokens that are provably of
+    probability 0 (see :func:`_truncated_zero`) count."""
+    return np.flatnonzero(summarise_truncated(obs, top_n).zero).tolist()
+
+
+def _truncated_informative(obs, top_n: int, name: str, alpha: float):
     """The shared start of the truncated tests: a zero-probability token fails
     at once; deterministic rows are dropped; no row left is no test. Returns
-    (an early TestResult or None, (tokens, P, tail, n, dropped))."""
-    tokens, P, tail, valid = _stack_truncated(obs, top_n)
-    n_all = len(tokens)
-    bad = _truncated_zero_mask(tokens, P, tail, valid)
-    if bad.any():
-        return _zero_result(name, alpha, n_all, bad), (None,) * 5
-    informative = ((P > 0).sum(axis=1) + (tail > 0)) > 1
-    tokens, P, tail = tokens[informative], P[informative], tail[informative]
-    n = len(tokens)
+    (an early TestResult or None, (the informative rows' summary, n, dropped))."""
+    s = summarise_truncated(obs, top_n)
+    n_all = len(s)
+    if s.zero.any():
+        return _zero_result(name, alpha, n_all, s.zero), (None,) * 3
+    s = s.take(s.informative)
+    n = len(s)
     dropped = n_all - n
     if n == 0:
         return TestResult(name=name, alpha=alpha, n=0, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
-                          passed=True, note="no informative observations: no test", n_dropped=dropped), (None,) * 5
-    return None, (tokens, P, tail, n, dropped)
+                          passed=True, note="no informative observations: no test", n_dropped=dropped), (None,) * 3
+    return None, (s, n, dropped)
 
 
 def truncated_rank_gtest(
@@ -625,10 +733,10 @@ def truncated_rank_gtest(
     tail masses; bins merged as in :func:`rank_gtest`. Whole laws (tail 0
     everywhere) give the whole-law test cut at rank N."""
     name = "truncated_rank_gtest"
-    early, (tokens, P, tail, n, dropped) = _truncated_informative(obs, top_n, name, alpha)
+    early, (s, n, dropped) = _truncated_informative(obs, top_n, name, alpha)
     if early is not None:
         return early
-    ranks, masses = _truncated_ranked(tokens, P, tail, top_n)
+    ranks, masses = s.ranks, s.masses
     edges = _base_edges(top_n) + [top_n + 1]  # ..., N (the tail bin)
     base_expected = np.add.reduceat(masses, edges[:-1], axis=1).sum(axis=0)
     base_observed = np.bincount(np.searchsorted(edges, ranks, side="right") - 1, minlength=len(edges) - 1)
@@ -637,7 +745,7 @@ def truncated_rank_gtest(
     observed = np.array([base_observed[g].sum() for g in groups])
     bins = [[edges[g[0]], edges[g[-1] + 1] - 1] for g in groups]
     details = {"bins": bins, "observed": observed.tolist(), "expected": expected.tolist(), "top_n": top_n,
-               "tail_observed": int((ranks == top_n).sum()), "tail_expected": float(tail.sum())}
+               "tail_observed": int((ranks == top_n).sum()), "tail_expected": float(s.tail.sum())}
     if len(groups) < 2:
         return TestResult(name=name, alpha=alpha, n=n, statistic=0.0, p_value=1.0, df=0, detectable_tv=None,
                           passed=True, n_dropped=dropped, details=details,
@@ -669,10 +777,10 @@ def truncated_pit_ks(
     token's uniform on [1 - m, 1] (m its row's tail mass): still exactly U(0, 1)
     under the null, since the tail is reached with probability m."""
     name = "truncated_pit_ks"
-    early, (tokens, P, tail, n, dropped) = _truncated_informative(obs, top_n, name, alpha)
+    early, (s, n, dropped) = _truncated_informative(obs, top_n, name, alpha)
     if early is not None:
         return early
-    ranks, masses = _truncated_ranked(tokens, P, tail, top_n)
+    ranks, masses = s.ranks, s.masses
     rows = np.arange(n)
     masses = masses / masses.sum(axis=1, keepdims=True)
     mass = masses[rows, ranks]

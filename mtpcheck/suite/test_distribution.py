@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 
 from mtpcheck.laws.stats import (
+    LawSummary,
+    TopLawSummary,
     pit_ks,
     rank_gtest,
+    summarise,
+    summarise_truncated,
     truncated_pit_ks,
     truncated_rank_gtest,
     truncated_zero_probability_violations,
@@ -69,25 +73,33 @@ def samples(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed):
 
 @pytest.fixture(scope="module")
 def observed():
-    """(config, id(result)) -> (result, observations, flips): DIST-ZERO and DIST-EQUIV judge the same runs once."""
+    """(config, id(result)) -> (result, summary, flips): DIST-ZERO and DIST-EQUIV judge the same runs once."""
     return {}
 
 
+def _summary(obs, top_n):
+    """What the tests read of the observations, without their rows of width V
+    (memoised for every run of every configuration, the rows would not fit
+    at real vocabularies; docs/benchmarks.md, "The suite's own cost")."""
+    return summarise_truncated(obs, top_n) if top_n else summarise(obs)
+
+
 def _obs(backend, caps, config, runs, excused=None, memo=None):
-    """Observations of the runs; zero-probability tokens at a float flip of a
-    filter boundary (caps.filter_boundary_tolerance) go to `excused`."""
-    sp, tol = DIST_CONFIGS[config], caps.filter_boundary_tolerance
+    """The runs' observations, summarised; zero-probability tokens at a float
+    flip of a filter boundary (caps.filter_boundary_tolerance) go to `excused`."""
+    sp, tol, n = DIST_CONFIGS[config], caps.filter_boundary_tolerance, caps.truncated_laws
     out, memo = [], {} if memo is None else memo
     for r, (prompt, res) in enumerate(runs):
         key = (config, id(res))
         if key not in memo:
             flips = []
-            memo[key] = (res, observations(backend, prompt, [res], sp, tol, flips), flips)  # res held: ids stay unique
-        _, obs, flips = memo[key]
-        out += obs
+            obs = observations(backend, prompt, [res], sp, tol, flips)
+            memo[key] = (res, _summary(obs, n), flips)  # res held: ids stay unique
+        _, summary, flips = memo[key]
+        out.append(summary)
         if excused is not None:
             excused += [{"generation": r, **f} for f in flips]
-    return out
+    return TopLawSummary.join(out, n) if n else LawSummary.join(out)
 
 
 @pytest.mark.contract("DIST-ZERO")
