@@ -73,6 +73,12 @@ def pytest_configure(config):
         for option in ("--mtp-json", "--mtp-markdown"):
             check_writable(config.getoption(option), option)
         id_files = {o: check_id_file(config.getoption(o), o) for o in ("--mtp-skips-file", "--mtp-xfails-file")}
+        if any(e.rules for e in id_files["--mtp-xfails-file"] or ()):
+            from mtpcheck.catalogue import load_catalogue
+
+            unknown = sorted({e.rules for e in id_files["--mtp-xfails-file"]} - {None} - set(load_catalogue().by_id()))
+            if unknown:
+                raise SettingsError(f"--mtp-xfails-file: rules= names unknown clause ids {unknown}")
         if config.getoption("--mtp-clauses"):
             from mtpcheck.catalogue import load_catalogue
 
@@ -105,7 +111,9 @@ def _excused_clauses(recorder, id_files: dict) -> None:
     from mtpcheck.catalogue import load_catalogue
 
     ids = set(load_catalogue().by_id())
-    recorder.xfailed_clauses = {e.entry: e.reason for e in id_files["--mtp-xfails-file"] or () if e.entry in ids}
+    xfails = id_files["--mtp-xfails-file"] or ()
+    recorder.xfailed_clauses = {e.entry: e.reason for e in xfails if e.entry in ids and not e.rules}
+    recorder.xfailed_rules = [(e.entry, e.rules, e.reason) for e in xfails if e.rules]
     recorder.skipped_clauses = {e.entry for e in id_files["--mtp-skips-file"] or () if e.entry in ids}
 
 
@@ -208,7 +216,10 @@ def pytest_collection_modifyitems(session, config, items):
         entries = config.stash[STASH_SETTINGS]["id_files"][option]
         if not entries:
             continue
-        unmatched = match_lines(entries, suite_items, _clause_ids)
+        # a rules= line covers broken result rules only (its records), never the tests it names
+        unmatched = match_lines([e for e in entries if not e.rules], suite_items, _clause_ids)
+        unmatched["__unused__"] += [e.entry for e in entries if e.rules
+                                    and not match_lines([e], suite_items, lambda _: ())["__matches__"]]
         sides = {e.entry: e.side for e in entries}
         unexercised = {e.entry for e in entries if e.unexercised}
         for item, line, reason in unmatched.pop("__matches__"):

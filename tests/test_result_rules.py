@@ -121,6 +121,26 @@ def test_a_clause_listed_whole_in_the_xfails_file_covers_its_broken_rules(tree):
     assert row["outcome"] == "xfailed" and row["notes"] == ["slot counters carried"]
 
 
+def test_a_rules_line_covers_only_the_broken_rules_found_in_the_tests_it_names(tree):
+    """`<prefix> rules=CLAUSE`: the clause's broken rules found in the named
+    tests are xfailed; the same rule broken in another test still fails, and
+    the named test's own check is not covered."""
+    (tree.path / "known.txt").write_text("test_down.py::test_batch_caller rules=STATS-CONSISTENT  # slot counters\n")
+    result, data = run(tree, "--mtp-clauses=REQ-BLOCK", "--mtp-xfails-file=known.txt")
+    assert result.ret == 0
+    records = {k: t for k, t in data["tests"].items() if t.get("found_in")}
+    assert [t["outcome"] for t in records.values()] == ["xfailed"] and data["clauses"]["STATS-CONSISTENT"][
+        "outcome"] == "xfailed"
+    assert data["tests"][next(k for k in data["tests"] if k.endswith("test_batch_caller"))]["outcome"] == "passed"
+    (tree.path / "known.txt").write_text("test_down.py::test_one_caller rules=STATS-CONSISTENT  # elsewhere\n")
+    result, data = run(tree, "--mtp-clauses=REQ-BLOCK", "--mtp-xfails-file=known.txt")
+    assert result.ret == 1 and data["clauses"]["STATS-CONSISTENT"]["outcome"] == "failed"
+    (tree.path / "known.txt").write_text("test_down.py rules=NO-SUCH-CLAUSE\n")
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider", "--mtp-backend=fakerules:make",
+                                      "--mtp-xfails-file=known.txt")
+    assert result.ret == 4 and "rules= names unknown clause ids ['NO-SUCH-CLAUSE']" in str(result.stderr)
+
+
 def test_a_budget_overshoot_fails_stop_in_block_not_the_caller(tree):
     result, data = run(tree, "--mtp-clauses=REQ-BLOCK", "--mtp-backend-option=batch_rounds=0",
                        "--mtp-backend-option=overshoot=1", "-k", "one_caller")

@@ -6,6 +6,8 @@ exported to contracts/schemas/RunReport.schema.json (docs/report.md)."""
 
 from __future__ import annotations
 
+import re
+
 import json
 import math
 import os
@@ -104,15 +106,17 @@ class IdLine(NamedTuple):
     reason: str
     side: str | None = None
     unexercised: bool = False
+    rules: str | None = None  # a node-id prefix line pinned `rules=CLAUSE`: only that clause's broken result rules
 
 
 def _pins(path: Path, number: int, words: list[str]) -> dict:
     pins = {}
     for word in words:
         key, eq, value = word.partition("=")
-        if not eq or not (key == "side" and value in SIDES or key == "exercise" and value == "none"):
+        if not eq or not (key == "side" and value in SIDES or key == "exercise" and value == "none"
+                          or key == "rules" and re.fullmatch(r"[A-Z][A-Z0-9-]+", value)):
             raise IdFileError(f"{str(path)!r} line {number}: {word!r} is not a pin; a line is an id, then optionally "
-                              f"side={'|'.join(SIDES)} or exercise=none, then '# reason'")
+                              f"side={'|'.join(SIDES)}, exercise=none or rules=CLAUSE-ID, then '# reason'")
         pins[key] = value
     return pins
 
@@ -137,7 +141,7 @@ def read_id_file(path: str | Path) -> list[IdLine]:
         if words:
             pins = _pins(path, number, words[1:])
             entries.append(IdLine(words[0], comment.strip() or f"listed in {path.name}", pins.get("side"),
-                                  pins.get("exercise") == "none"))
+                                  pins.get("exercise") == "none", pins.get("rules")))
     return entries
 
 
@@ -285,6 +289,7 @@ class RunRecorder:
     # clause ids listed whole in the xfails file (-> its reason) and the skips file: a broken result rule
     # of such a clause is recorded xfailed, or not at all
     xfailed_clauses: dict = field(default_factory=dict)
+    xfailed_rules: list = field(default_factory=list)  # (node-id prefix, clause, reason) of rules= lines
     skipped_clauses: set = field(default_factory=set)
 
     # pytest hooks (the recorder is registered as a plugin; under xdist the
@@ -336,7 +341,8 @@ class RunRecorder:
     def note_broken(self, nodeid: str, broken: dict) -> None:
         """A result of a call made in test `nodeid` broke a rule of clause
         broken["clause"]: a record of its own, '<nodeid> => <clause>', that
-        fails the clause (xfailed where the xfails file lists the clause)."""
+        fails the clause (xfailed where the xfails file lists the clause, or
+        a line pinned rules=<clause> names a prefix of the test)."""
         clause = broken["clause"]
         if clause in self.skipped_clauses:
             return
@@ -352,6 +358,11 @@ class RunRecorder:
                                  f"{nodeid.rsplit('::', 1)[-1]}: {'; '.join(first['problems'])}", 300)
         if clause in self.xfailed_clauses:
             entry["outcome"], entry["message"] = "xfailed", self.xfailed_clauses[clause]
+        ids = {nodeid, suite_id(nodeid)}
+        for prefix, rules, reason in self.xfailed_rules:
+            if rules == clause and any(i.startswith(p) for i in ids for p in {prefix, entry_id(prefix)}):
+                entry["outcome"], entry["message"] = "xfailed", reason
+                break
 
     def broken_failures(self) -> list[str]:
         """Records of broken result rules that fail the run (not xfailed)."""

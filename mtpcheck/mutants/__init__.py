@@ -284,6 +284,9 @@ ZOO: list[Mutant] = [
     Mutant("publishes-after-stop-in-block", "B10", "a block is published before the stop rule cuts it: the tokens "
            "after a stop accepted inside it are streamed, the result cut right", ("STOP-IN-BLOCK",),
            _zoo("publishes_after_stop_in_block")),
+    Mutant("drafter-keeps-confident-draws", "B01", "a confidence-threshold drafter decides after the draw: a proposal "
+           "with q(d) < 0.3 is dropped and the block ends; kept proposals are verified against q, not the law they "
+           "follow", ("DIST-EQUIV",), _zoo("drafter_keeps_confident_draws"), scope="backend", base="mlx"),
     Mutant("model-eos-checked-at-round-end", "B10", "the model's own EOS (no stop_token_ids in the request) is "
            "checked on a round's last token only: an EOS accepted inside a block is followed by the rest of it",
            ("STOP-IN-BLOCK",), _zoo("model_eos_checked_at_round_end")),

@@ -112,6 +112,30 @@ def argmax_draft(engine):
     with_drafters(engine, ArgmaxProposal)
 
 
+class KeepsConfidentDraws:
+    """A confidence-threshold drafter that decides after the draw: a proposal
+    whose own draft probability is below the threshold is dropped and the
+    block ends there. The kept proposals follow q restricted to confident
+    tokens, yet are verified against q."""
+
+    threshold = 0.3
+
+    def draft(self, history, target_len, k, sp, seed, cursor):
+        block = super().draft(history, target_len, k, sp, seed, cursor)
+        keep = next((i for i, (t, q) in enumerate(zip(block.tokens, block.probs, strict=True)) if q[t] < self.threshold),
+                    len(block.tokens))
+        return block.head(keep)
+
+
+def drafter_keeps_confident_draws(backend):
+    """Declared as a drafter that may draft fewer than k (drafting="up_to_k"),
+    as a confidence-threshold runtime would: the shorter blocks are legitimate,
+    the law of the kept proposals is not."""
+    with_drafters(backend.engine, KeepsConfidentDraws, only=(MtpDrafter,))
+    caps = backend.capabilities
+    backend.capabilities = lambda: caps().model_copy(update={"drafting": "up_to_k"})
+
+
 # -- B02 one-sided processing ----------------------------------------------------------------
 
 
