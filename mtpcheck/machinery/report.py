@@ -6,12 +6,11 @@ exported to contracts/schemas/RunReport.schema.json (docs/report.md)."""
 
 from __future__ import annotations
 
-import re
-
 import json
 import math
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
