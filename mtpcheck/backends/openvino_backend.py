@@ -76,10 +76,12 @@ from mtpcheck.backends._library import (
 )
 from mtpcheck.contracts import (
     Capabilities,
+    FinishEvent,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
     SpeculationRequest,
+    StopEvent,
     TokenEvent,
 )
 
@@ -370,6 +372,14 @@ class OpenVINOBackend(LibraryBackend):
             extra = [TokenEvent(index=len(tokens) + j, token=t) for j, t in enumerate(emitted[len(tokens):])]
             events = events[:-1] + extra + events[-1:]
             tokens = list(emitted)
+        finish = state.finish_reason
+        if finish == "length" and len(emitted) < request.max_tokens:
+            # the library ended the output before the budget by a rule of its own (an EOS outside the request's
+            # list, a stop string one token early): report that stop as it is, never as a spent budget
+            last = emitted[-1] if emitted else None
+            matched = f"eos:{last}" if last in self.eos_ids else "library stop: no stop id or string of the request"
+            events = events[:-1] + [StopEvent(matched=matched), FinishEvent(reason="stop")]
+            finish = "stop"
         accept_lens, draft_lens = [], []
         if used:
             done = len(rec.chunks[0]) if rec.chunks else 0
@@ -381,7 +391,7 @@ class OpenVINOBackend(LibraryBackend):
                      depth=depth, draft_kind="assistant" if self.config == "draft" else "model_free",
                      runtime=self.runtime, reason=reason, message=message, accept_lens=accept_lens,
                      draft_lens=draft_lens)
-        return GenerationResult(tokens=tokens, text=state.text_published, finish_reason=state.finish_reason,
+        return GenerationResult(tokens=tokens, text=state.text_published, finish_reason=finish,
                                 logprobs=None, events=events, speculation=rep, seed=seed)
 
 
