@@ -20,6 +20,7 @@ BUILTINS: dict[str, str] = {
     "openai-http": "mtpcheck.backends.openai_http:load_openai_http",
     "transformers": "mtpcheck.backends.transformers_backend:load_transformers",
     "vllm": "mtpcheck.backends.vllm_server:load_vllm",
+    "openvino": "mtpcheck.backends.openvino_backend:load_openvino",
 }
 ENTRY_POINT_GROUP = "mtpcheck.backends"
 
