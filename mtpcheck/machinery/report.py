@@ -357,7 +357,7 @@ class RunRecorder:
                                  f"{nodeid.rsplit('::', 1)[-1]}: {'; '.join(first['problems'])}", 300)
         if clause in self.xfailed_clauses:
             entry["outcome"], entry["message"] = "xfailed", self.xfailed_clauses[clause]
-        ids = {nodeid, suite_id(nodeid)}
+        ids = {nodeid, suite_id(nodeid), entry_id(nodeid)}
         for prefix, rules, reason in self.xfailed_rules:
             if rules == clause and any(i.startswith(p) for i in ids for p in {prefix, entry_id(prefix)}):
                 entry["outcome"], entry["message"] = "xfailed", reason
