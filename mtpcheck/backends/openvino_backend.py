@@ -270,6 +270,7 @@ class OpenVINOBackend(LibraryBackend):
             position_addressed_target_sampling=False,
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty",
                                            "presence_penalty", "frequency_penalty"],
+            penalty_history="output_only",  # presence / frequency over the generated tokens (OpenAI's convention)
             unsupported_controls=list(UNSUPPORTED),
             target_distributions=True,
             raw_logits=True,

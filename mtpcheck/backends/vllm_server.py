@@ -313,6 +313,7 @@ class VllmBackend:
             position_addressed_target_sampling=False,
             speculative_sampling_controls=["temperature", *([] if self.top_k_guard else ["top_k"]), "top_p", "seed",
                                            "repetition_penalty", "presence_penalty", "frequency_penalty"],
+            penalty_history="output_only",  # OpenAI's presence / frequency penalties: sampled tokens only
             target_distributions=True,
             near_tie_logit_gap=1e-3,
             filter_boundary_tolerance=1e-5,

@@ -321,6 +321,14 @@ class Capabilities(_Strict):
         " request gives what it gives alone, and the report says the statistical samples were drawn concurrently."
         " False with generate_batch: a speed path that serves the requests one after another",
     )
+    penalty_history: Literal["prompt_and_output", "output_only"] = Field(
+        "prompt_and_output",
+        description="The history presence_penalty and frequency_penalty count, a convention runtimes legitimately"
+        " differ on: prompt_and_output (Hugging Face's processors, the reference) or output_only (OpenAI's"
+        " definition: sampled tokens only; vLLM, OpenVINO GenAI). CTRL-CONTRACT and REPORT-NO-SILENT-FALLBACK judge"
+        " the runtime against the convention it declares; a runtime that matches neither fails them."
+        " repetition_penalty counts prompt and output under both",
+    )
     near_tie_logit_gap: float = Field(
         1e-3, ge=0.0, le=1.0,
         description="GREEDY-EQUIV excuses a greedy divergence only where the target's top-2 logit gap, log(p1/p2)"

@@ -43,20 +43,29 @@ def sample(probs: np.ndarray, u: float) -> int:
     return min(i, int(np.flatnonzero(probs > 0)[-1]))
 
 
-def apply_penalties(logits: np.ndarray, sp: SamplingParams, history: Sequence[int]) -> np.ndarray:
-    """Repetition (CTRL-style, on logits) then OpenAI presence/frequency penalties."""
+def _counted(history: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
+    ids, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    ok = ids < width
+    return ids[ok], counts[ok]
+
+
+def apply_penalties(logits: np.ndarray, sp: SamplingParams, history: Sequence[int],
+                    additive_history: Sequence[int] | None = None) -> np.ndarray:
+    """Repetition (CTRL-style, on logits) then OpenAI presence/frequency
+    penalties; those two count `additive_history` where given (OpenAI's
+    sampled tokens only), else `history`."""
     out = logits.copy()
     if sp.logit_bias:
         for tok, bias in sp.logit_bias.items():
             if 0 <= tok < len(out):
                 out[tok] += bias
-    if history and (sp.repetition_penalty or sp.presence_penalty or sp.frequency_penalty):
-        ids, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
-        ok = ids < len(out)
-        ids, counts = ids[ok], counts[ok]
-        if sp.repetition_penalty and sp.repetition_penalty != 1.0:
-            vals = out[ids]
-            out[ids] = np.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+    if history and sp.repetition_penalty and sp.repetition_penalty != 1.0:
+        ids, _ = _counted(history, len(out))
+        vals = out[ids]
+        out[ids] = np.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+    additive = history if additive_history is None else additive_history
+    if additive and (sp.presence_penalty or sp.frequency_penalty):
+        ids, counts = _counted(additive, len(out))
         if sp.presence_penalty:
             out[ids] -= sp.presence_penalty
         if sp.frequency_penalty:

@@ -13,7 +13,9 @@ Source, strongest first:
 
 The processing is the contract's own (`mtpcheck.engine.sampling.apply_penalties`:
 logit bias, then repetition, presence and frequency penalties over prompt +
-output so far); the verdict is `mtpcheck.laws.greedy_contract`.
+output so far, or presence and frequency over the output alone where the
+backend declares `penalty_history="output_only"`, OpenAI's convention); the
+verdict is `mtpcheck.laws.greedy_contract`.
 """
 
 from __future__ import annotations
@@ -58,16 +60,19 @@ def base_logits(backend, caps: Capabilities, prompt: list[int], continuation: li
 
 
 def penalised(rows: np.ndarray, sp: SamplingParams, prompt: list[int], continuation: list[int],
-              prompt_in_history: bool = True) -> np.ndarray:
+              prompt_in_history: bool = True, penalty_history: str = "prompt_and_output") -> np.ndarray:
     """The contract's processed logits (before temperature) at every position:
     row i with the history prompt + continuation[:i] (without the prompt when
     `prompt_in_history` is False: the evidence of how much the prompt's part
-    of the history decides)."""
+    of the history decides); presence and frequency penalties count the output
+    alone under the declared convention `penalty_history="output_only"`."""
     from mtpcheck.engine.sampling import apply_penalties
 
     seq = (list(prompt) if prompt_in_history else []) + list(continuation)
     lead = len(seq) - len(continuation)
-    return np.stack([apply_penalties(np.asarray(rows[i], dtype=np.float64), sp, seq[: lead + i])
+    out_only = penalty_history == "output_only"
+    return np.stack([apply_penalties(np.asarray(rows[i], dtype=np.float64), sp, seq[: lead + i],
+                                     list(continuation[:i]) if out_only else None)
                      for i in range(len(continuation))]) if len(continuation) else np.zeros((0, rows.shape[-1]))
 
 

@@ -97,7 +97,7 @@ def test_greedy_tokens_are_the_contracts_processed_argmax(mtp_backend, mtp_capab
                "changed_target_only_output": runs["plain"].tokens != free.tokens}
         for path, res in runs.items():
             raw = base_logits(mtp_backend, caps, prompt, res.tokens)
-            rows = penalised(raw, sp, prompt, res.tokens)
+            rows = penalised(raw, sp, prompt, res.tokens, penalty_history=caps.penalty_history)
             checks[path].add(rows, res.tokens, eps, name)
             if path == "plain":  # how much power the item has, read from the law itself
                 row["positions_the_control_decides"] = argmax_changes(rows, raw)
@@ -108,7 +108,7 @@ def test_greedy_tokens_are_the_contracts_processed_argmax(mtp_backend, mtp_capab
                 row["speculative_used"], row["speculative_reason"] = s.used, s.reason
                 row["speculative_accepted"] = s.accepted
         prompts.append(row)
-    mtp_record(control=control, ground_truth=source, near_tie_logit_gap=eps, tokens_per_path=n, prompts=prompts,
+    mtp_record(control=control, ground_truth=source, near_tie_logit_gap=eps, penalty_history=caps.penalty_history, tokens_per_path=n, prompts=prompts,
                speculative=checks["speculative"].evidence(), plain=checks["plain"].evidence(),
                seconds=round(time.perf_counter() - t0, 2))
     message = verdict(control, checks["speculative"], checks["plain"], eps, source)

@@ -78,7 +78,8 @@ def _side_of(backend, caps, prompt, sp, on, off) -> tuple[str | None, str]:
         return None, f"side not named: {why}"
     checks = {"speculative": PathCheck("speculative"), "plain": PathCheck("plain")}
     for path, res in (("speculative", on), ("plain", off)):
-        checks[path].add(penalised(base_logits(backend, caps, prompt, res.tokens), sp, prompt, res.tokens),
+        checks[path].add(penalised(base_logits(backend, caps, prompt, res.tokens), sp, prompt, res.tokens,
+                                   penalty_history=caps.penalty_history),
                          res.tokens, caps.near_tie_logit_gap)
     words = f"{checks['speculative'].summary()}; {checks['plain'].summary()}, against {truth_source(caps)}"
     return deviating_side(checks["speculative"], checks["plain"]), words
