@@ -358,6 +358,112 @@ def plain_path_laws(prompt: list[int], continuation: list[int], sampling, law, v
     return out
 
 
+
+# -- ground truth of a server: the law after a prefix, from one-token completions
+
+
+class ServerTruth:
+    """Ground truth for an adapter of an HTTP server, written once: the law
+    after a prefix is the top-N probabilities of a one-token completion on
+    the plain server, one prefix at a time along the plain decoding path
+    (:func:`plain_path_laws`), memoised by (prefix, sampling).
+
+    A subclass sets ``vocab_size`` and defines what differs between servers:
+    :meth:`law_request` (post the completion asking N probabilities, N =
+    :meth:`law_n`) and :meth:`law_top` (read (id, probability) pairs from the
+    answer; None when it has none, and the next seed is tried). The class
+    attributes hold the rest: how many seeds, and the error texts."""
+
+    vocab_size: int
+    law_seeds = 64  # seeds tried while an answer has no probabilities (the law does not depend on the seed)
+    law_missing = "no log-probabilities after {seeds} seeds for a prefix of {prefix} tokens"
+    # None: the top N may be truncated (a row sums to at most 1, renormalised only when N >= V);
+    # a text: the row is the whole law, checked to sum to 1 ({total}, {n}) and renormalised
+    law_not_one: str | None = None
+    law_memo_size = 200_000
+
+    def law_n(self) -> int:
+        """N, the probabilities asked per completion."""
+        return self.vocab_size
+
+    def law_request(self, prefix: list[int], sp, seed: int) -> dict:
+        """The server's answer to a one-token completion after `prefix` with N probabilities."""
+        raise NotImplementedError
+
+    def law_top(self, out: dict) -> list[tuple[int, float]] | None:
+        """(id, probability) in rank order from an answer; None when it carries none."""
+        raise NotImplementedError
+
+    def target_distributions(self, prompt: list[int], continuation: list[int], sampling):
+        return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
+
+    def law(self, prefix: list[int], sp):
+        """The law after `prefix` under `sp` (zeros beyond the top N; memoised)."""
+        import numpy as np
+
+        memo = self.__dict__.setdefault("_law_memo", {})
+        key = (tuple(prefix), sp.model_dump_json())
+        if key in memo:
+            return memo[key]
+        n, entries = self.law_n(), None
+        for seed in range(self.law_seeds):
+            entries = self.law_top(self.law_request(prefix, sp, seed))
+            if entries is not None:
+                break
+        if entries is None:
+            raise ServerError(self.law_missing.format(seeds=self.law_seeds, prefix=len(prefix)))
+        row = np.zeros(self.vocab_size)
+        for tok, p in entries[:n]:
+            row[tok] = p
+        total = row.sum()
+        if self.law_not_one is None:
+            if total > 1.0 + 1e-4:
+                raise ServerError(f"top-{n} probabilities sum to {total:.6g} > 1")
+        elif not abs(total - 1.0) < 1e-4:
+            raise ServerError(self.law_not_one.format(total=total, n=n))
+        if self.law_not_one is not None or n >= self.vocab_size:
+            row /= total
+        if len(memo) > self.law_memo_size:
+            memo.clear()
+        memo[key] = row
+        return row
+
+
+def completion_top(out: dict) -> list[tuple[int, float]] | None:
+    """llama-server's ``POST /completion`` with ``n_probs``: the first token's
+    ``completion_probabilities[0].top_probs`` (none when the sampled token's
+    text ends inside a UTF-8 character: deviation S2)."""
+    probs = out.get("completion_probabilities") or []
+    return [(int(e["id"]), float(e["prob"])) for e in probs[0].get("top_probs", [])] if probs else None
+
+
+def legacy_top(out: dict, text_keys: str) -> list[tuple[int, float]] | None:
+    """OpenAI legacy ``choices[0].logprobs.top_logprobs[0]``, keyed
+    ``token_id:N`` (vLLM's ``--return-tokens-as-token-ids``), by rank; keys
+    that are text raise ServerError("top_logprobs keyed by text: " + `text_keys`)."""
+    tops = ((out.get("choices") or [{}])[0].get("logprobs") or {}).get("top_logprobs")
+    if not tops:
+        return None
+    entries = []
+    for name, value in tops[0].items():
+        if not name.startswith("token_id:"):
+            raise ServerError(f"top_logprobs keyed by text: {text_keys}")
+        entries.append((int(name.split(":", 1)[1]), math.exp(float(value))))
+    return sorted(entries, key=lambda e: (-e[1], e[0]))
+
+
+def openai_top(out: dict, text_keys: str) -> list[tuple[int, float]] | None:
+    """``/v1/completions`` as llama-server answers it (``logprobs.content[0]``'s
+    ``top_probs`` or ``top_logprobs``, {id, prob | logprob}), else OpenAI's
+    legacy form (:func:`legacy_top`); None when empty."""
+    content = ((out.get("choices") or [{}])[0].get("logprobs") or {}).get("content")
+    if content:
+        tops = content[0].get("top_probs") or content[0].get("top_logprobs") or []
+        entries = [(int(e["id"]), float(e["prob"]) if "prob" in e else math.exp(float(e["logprob"]))) for e in tops]
+    else:
+        entries = legacy_top(out, text_keys)
+    return entries or None
+
 # -- vLLM's per-request speculation metrics (shared by the vllm backend and openai-http's vllm dialect)
 
 

@@ -73,14 +73,13 @@ import subprocess
 import threading
 from pathlib import Path
 
-import numpy as np
-
 from mtpcheck.backends.httpserver import (
     Client,
     ServerError,
     ServerProcess,
+    ServerTruth,
+    completion_top,
     grammar_fields,
-    plain_path_laws,
     serve_together,
     slots_option,
     token_logprobs,
@@ -248,7 +247,7 @@ def trim_to(rounds: list[Round], emitted: int) -> None:
         total += r.accepted + 1
 
 
-class LlamaServerBackend:
+class LlamaServerBackend(ServerTruth):
     """See the module docstring. Options of :func:`load_llama_server`."""
 
     runtime = "llama.cpp"
@@ -276,7 +275,6 @@ class LlamaServerBackend:
         if self.attached:
             self.clients["plain"] = Client(plain_url or url)
             self.clients[f"spec{depth}"] = Client(url)
-        self.memo: dict[tuple, np.ndarray] = {}
         self.last_elapsed_s: float | None = None
 
     # -- servers
@@ -556,37 +554,16 @@ class LlamaServerBackend:
             emitted += r.accepted + 1
         return acc, dr
 
-    # -- ground truth
-    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
+    # -- ground truth (httpserver.ServerTruth): the whole post-sampling law of the plain instance
+    law_missing = "no completion_probabilities after {seeds} seeds for a prefix of {prefix} tokens"
+    law_not_one = "post-sampling probabilities sum to {total:.6g}, not 1 (n_probs={n})"
 
-    def law(self, prefix: list[int], sp: SamplingParams) -> np.ndarray:
-        """The post-sampling law after `prefix` on the plain instance (memoised)."""
-        key = (tuple(prefix), sp.model_dump_json())
-        if key in self.memo:
-            return self.memo[key]
-        client = self.client(None)
-        for attempt in range(64):
-            body = {**self._body(prefix, 1, sp, attempt), "n_probs": self.vocab_size, "post_sampling_probs": True}
-            out = client.post("/completion", body)
-            probs = out.get("completion_probabilities") or []
-            if probs:
-                break
-            # the sampled token's text ended inside a UTF-8 character: the server then
-            # reports no probabilities (deviation S2); the law does not depend on the seed
-        else:
-            raise ServerError(f"no completion_probabilities after 64 seeds for a prefix of {len(prefix)} tokens")
-        row = np.zeros(self.vocab_size)
-        for entry in probs[0].get("top_probs", []):
-            row[int(entry["id"])] = float(entry["prob"])
-        total = row.sum()
-        if not abs(total - 1.0) < 1e-4:
-            raise ServerError(f"post-sampling probabilities sum to {total:.6g}, not 1 (n_probs={self.vocab_size})")
-        row /= total
-        if len(self.memo) > 200_000:
-            self.memo.clear()
-        self.memo[key] = row
-        return row
+    def law_request(self, prefix: list[int], sp: SamplingParams, seed: int) -> dict:
+        body = {**self._body(prefix, 1, sp, seed), "n_probs": self.vocab_size, "post_sampling_probs": True}
+        return self.client(None).post("/completion", body)
+
+    def law_top(self, out: dict) -> list[tuple[int, float]] | None:
+        return completion_top(out)
 
     def __del__(self):
         try:

@@ -45,15 +45,14 @@ from __future__ import annotations
 import math
 import random
 
-import numpy as np
-
 from mtpcheck.backends.httpserver import (
     Client,
     ServerError,
+    ServerTruth,
     constraint_fields,
     grammar_fields,
     kept_rounds,
-    plain_path_laws,
+    openai_top,
     post_logprobs,
     serve_together,
     slots_option,
@@ -99,7 +98,7 @@ def completion_body(sp: SamplingParams, dialect: str) -> dict:
     return body
 
 
-class OpenAIHttpBackend:
+class OpenAIHttpBackend(ServerTruth):
     runtime = "openai-http"
 
     def __init__(self, *, url: str, plain_url: str, model: str, dialect: str, depth: int, kind: str,
@@ -111,7 +110,6 @@ class OpenAIHttpBackend:
         self.tokenizer, self.owner, self.rule, self.slots = tokenizer, owner, rule, slots
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter=kind,
                                           num_draft_tokens=depth)
-        self.memo: dict = {}
 
     def close(self) -> None:
         self.spec.close()
@@ -328,52 +326,18 @@ class OpenAIHttpBackend:
         res = result_of(state, rep, seed)
         return res.model_copy(update={"logprobs": logprobs[: len(res.tokens)]}) if request.logprobs else res
 
-    def target_distributions(self, prompt, continuation, sampling: SamplingParams) -> np.ndarray:
-        return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
+    # -- ground truth (httpserver.ServerTruth): the top N of the plain endpoint, truncated below N
+    def law_n(self) -> int:
+        return self.top_logprobs
 
-    def law(self, prefix: list[int], sp: SamplingParams) -> np.ndarray:
-        """The top-N law after `prefix` (zeros beyond the top N)."""
-        key = (tuple(prefix), sp.model_dump_json())
-        if key in self.memo:
-            return self.memo[key]
-        entries = None
-        for attempt in range(64):
-            body = {**self._body(prefix, 1, sp, attempt), "logprobs": self.top_logprobs}
-            if self.dialect == "llama.cpp":
-                body["post_sampling_probs"] = True
-            out = self.plain.post("/v1/completions", body)
-            entries = self._top(out)
-            if entries:
-                break
-        if not entries:
-            raise ServerError(f"no log-probabilities after 64 seeds for a prefix of {len(prefix)} tokens")
-        row = np.zeros(self.vocab_size)
-        for tok, p in entries[: self.top_logprobs]:
-            row[tok] = p
-        if row.sum() > 1.0 + 1e-4:
-            raise ServerError(f"top-{self.top_logprobs} probabilities sum to {row.sum():.6g} > 1")
-        if self.top_logprobs >= self.vocab_size:
-            row /= row.sum()
-        self.memo[key] = row
-        return row
+    def law_request(self, prefix: list[int], sp: SamplingParams, seed: int) -> dict:
+        body = {**self._body(prefix, 1, sp, seed), "logprobs": self.top_logprobs}
+        if self.dialect == "llama.cpp":
+            body["post_sampling_probs"] = True
+        return self.plain.post("/v1/completions", body)
 
-    def _top(self, out: dict) -> list[tuple[int, float]]:
-        lp = (out.get("choices") or [{}])[0].get("logprobs") or {}
-        content = lp.get("content")
-        if content:  # llama.cpp: [{id, top_probs|top_logprobs: [{id, prob|logprob}]}]
-            first = content[0]
-            tops = first.get("top_probs") or first.get("top_logprobs") or []
-            return [(int(e["id"]), float(e["prob"]) if "prob" in e else math.exp(float(e["logprob"]))) for e in tops]
-        tops = lp.get("top_logprobs")
-        if tops:  # OpenAI legacy: [{"token_id:N": logprob}] with vLLM's return_tokens_as_token_ids
-            out_ = []
-            for k, v in tops[0].items():
-                if not k.startswith("token_id:"):
-                    raise ServerError("top_logprobs keyed by text: start vLLM with --return-tokens-as-token-ids")
-                out_.append((int(k.split(":", 1)[1]), math.exp(float(v))))
-            return sorted(out_, key=lambda e: (-e[1], e[0]))
-        return []
-
+    def law_top(self, out: dict) -> list[tuple[int, float]] | None:
+        return openai_top(out, "start vLLM with --return-tokens-as-token-ids")
 
 def load_openai_http(
     url: str | None = None,

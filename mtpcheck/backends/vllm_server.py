@@ -57,22 +57,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import random
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from mtpcheck.backends.httpserver import (
     Client,
     ServerError,
     ServerProcess,
+    ServerTruth,
     close_all,
     constraint_fields,
     kept_rounds,
-    plain_path_laws,
+    legacy_top,
     post_logprobs,
     serve_together,
     token_logprobs,
@@ -154,7 +152,7 @@ def server_version(python: str) -> str:
         return "unknown"
 
 
-class VllmBackend:
+class VllmBackend(ServerTruth):
     """See the module docstring. Options of :func:`load_vllm`."""
 
     runtime = "vllm"
@@ -180,7 +178,6 @@ class VllmBackend:
         self.servers: dict[str, ServerProcess] = {}
         self.clients: dict[str, Client] = {}
         self.dead: set[str] = set()  # servers that died: restarted at their next request
-        self.memo: dict[tuple, np.ndarray] = {}
         self.restarts = 0
         if self.attached:
             self.clients = {"plain": Client(plain_url), "spec": Client(url)}
@@ -454,36 +451,17 @@ class VllmBackend:
         flight (httpserver.serve_together); vLLM batches them in its scheduler."""
         return serve_together(self.generate, requests, SLOTS)
 
-    # -- ground truth
-    def target_distributions(self, prompt: list[int], continuation: list[int], sampling: SamplingParams) -> np.ndarray:
-        return plain_path_laws(prompt, continuation, sampling, self.law, self.vocab_size)
+    # -- ground truth (httpserver.ServerTruth): the whole processed law, from one answer
+    law_seeds = 1  # vLLM always answers with the log-probabilities
+    law_missing = "no top_logprobs in the plain server's answer (start it with --max-logprobs V)"
+    law_not_one = ("processed probabilities sum to {total:.6g}, not 1 (logprobs={n}): "
+                   "start the plain server with --logprobs-mode processed_logprobs")
 
-    def law(self, prefix: list[int], sp: SamplingParams) -> np.ndarray:
-        """The processed law after `prefix` on the plain server (whole vocabulary; memoised)."""
-        key = (tuple(prefix), sp.model_dump_json())
-        if key in self.memo:
-            return self.memo[key]
-        body = {**self._body(prefix, 1, sp, 0), "logprobs": self.vocab_size, "ignore_eos": True}
-        out = self.post("plain", body)
-        lp = ((out.get("choices") or [{}])[0].get("logprobs") or {}).get("top_logprobs") or []
-        if not lp:
-            raise ServerError("no top_logprobs in the plain server's answer (start it with --max-logprobs V)")
-        row = np.zeros(self.vocab_size)
-        for name, value in lp[0].items():
-            if not name.startswith("token_id:"):
-                raise ServerError("top_logprobs keyed by text: the plain server needs --return-tokens-as-token-ids")
-            v = float(value)
-            row[int(name.split(":", 1)[1])] = math.exp(v) if math.isfinite(v) else 0.0
-        total = row.sum()
-        if not abs(total - 1.0) < 1e-4:
-            raise ServerError(f"processed probabilities sum to {total:.6g}, not 1 (logprobs={self.vocab_size}): "
-                              "start the plain server with --logprobs-mode processed_logprobs")
-        row /= total
-        if len(self.memo) > 200_000:
-            self.memo.clear()
-        self.memo[key] = row
-        return row
+    def law_request(self, prefix: list[int], sp: SamplingParams, seed: int) -> dict:
+        return self.post("plain", {**self._body(prefix, 1, sp, seed), "logprobs": self.vocab_size, "ignore_eos": True})
 
+    def law_top(self, out: dict) -> list[tuple[int, float]] | None:
+        return legacy_top(out, "the plain server needs --return-tokens-as-token-ids")
 
 def _is_500(exc: BaseException) -> bool:
     return isinstance(exc, ServerError) and "HTTP 500" in str(exc)

@@ -1,0 +1,76 @@
+"""The adapter kit: what the shipped adapters share, under a public name for
+adapters written outside this package (docs/adapters.md, "Adapter kit").
+
+The names are the shipped adapters' own, re-exported from
+:mod:`mtpcheck.backends._library` (in-process libraries) and
+:mod:`mtpcheck.backends.httpserver` (HTTP servers); import them from here,
+which is kept stable. Two kinds of adapter:
+
+* **an in-process library**: subclass :class:`LibraryBackend`; in
+  ``__init__`` set ``runtime``, ``tokenizer``, ``vocab_size``, ``context``
+  and ``truth = DecodePathLogprobs(forward, make_cache)`` (ground truth
+  along the plain decode path); write ``capabilities()`` and ``_run(request)``,
+  a generator that calls ``self.check(request)``, :func:`plan_speculation`,
+  feeds the library's token stream to :func:`drive_chunks` (the project's
+  stop matcher) and returns ``self.result(...)``. ``generate``,
+  ``generate_stream``, ``encode``/``decode`` and ``target_distributions``
+  come with the base.
+* **an HTTP server with a plain twin**: start a plain and a speculative
+  server (:class:`ServerProcess`, :class:`Client`), subclass
+  :class:`ServerTruth` and give it ``law_request`` (a one-token completion
+  with N probabilities on the plain server) and ``law_top`` (read them:
+  :func:`completion_top`, :func:`openai_top`, :func:`legacy_top`):
+  ``target_distributions`` comes with it. ``generate`` is
+  :func:`check_request`, :func:`plan_speculation`, one POST, :func:`drive`
+  over the returned token ids, :func:`report` of the rounds and
+  :func:`result_of`; ``generate_batch`` is :func:`serve_together`.
+"""
+
+from __future__ import annotations
+
+from mtpcheck.backends._library import (
+    FLOAT16_NEAR_TIE,
+    GUARD_DOC,
+    DecodePathLogprobs,
+    LibraryBackend,
+    check_request,
+    composed_sampler,
+    context_limit,
+    drive,
+    drive_chunks,
+    library_sampling,
+    library_version,
+    penalty_processors,
+    plan_speculation,
+    report,
+    require_library,
+    resolve_drafter,
+    result_of,
+    run_to_end,
+    switch,
+)
+from mtpcheck.backends.httpserver import (
+    Client,
+    ServerError,
+    ServerProcess,
+    ServerTruth,
+    close_all,
+    completion_top,
+    kept_rounds,
+    legacy_top,
+    openai_top,
+    plain_path_laws,
+    post_logprobs,
+    serve_together,
+    slots_option,
+    token_logprobs,
+)
+
+__all__ = [
+    "FLOAT16_NEAR_TIE", "GUARD_DOC", "DecodePathLogprobs", "LibraryBackend", "check_request", "composed_sampler",
+    "context_limit", "drive", "drive_chunks", "library_sampling", "library_version", "penalty_processors",
+    "plan_speculation", "report", "require_library", "resolve_drafter", "result_of", "run_to_end", "switch",
+    "Client", "ServerError", "ServerProcess", "ServerTruth", "close_all", "completion_top", "kept_rounds",
+    "legacy_top", "openai_top", "plain_path_laws", "post_logprobs", "serve_together", "slots_option",
+    "token_logprobs",
+]
