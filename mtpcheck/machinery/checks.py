@@ -430,11 +430,14 @@ def stream_problems(chunks: list, final: list[int], final_text: str | None = Non
         out.append(f"finish_reason set on chunks {ends} of {len(chunks)}; expected on the last chunk only")
     text = "".join(ch.text for ch in chunks)
     if final_text is not None and not out and text != final_text:
-        at = next((i for i, (a, b) in enumerate(zip(text, final_text, strict=False)) if a != b),
-                  min(len(text), len(final_text)))
-        out.append(f"the stream's text differs from the final output's at character {at}: "
-                   f"{text[max(at - 12, 0): at + 24]!r} vs {final_text[max(at - 12, 0): at + 24]!r}")
+        out.append(f"the stream's text differs from the final output's: {text_difference(text, final_text)}")
     return out
+
+
+def text_difference(a: str, b: str) -> str:
+    """Where two different texts first differ, with a little context each side."""
+    at = first_divergence(a, b)
+    return f"first difference at character {at}: {a[max(at - 12, 0): at + 24]!r} vs {b[max(at - 12, 0): at + 24]!r}"
 
 
 # -- greedy ------------------------------------------------------------------

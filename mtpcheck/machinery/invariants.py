@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, StreamChunk
-from mtpcheck.machinery.checks import finish_problems, stats_problems
+from mtpcheck.machinery.checks import finish_problems, stats_problems, text_difference
 from mtpcheck.machinery.exercise import unobserved
 
 
@@ -43,10 +43,6 @@ def output_problems(tokens: list[int], text: str, req: GenerationRequest, caps: 
     return [Violation("STOP-IN-BLOCK", p) for p in out]
 
 
-def _short(text: str, at: int) -> str:
-    return repr(text[max(at - 12, 0): at + 24])
-
-
 def text_problem(tokens: list[int], text: str, req: GenerationRequest, caps: Capabilities,
                  decode: Callable[[list[int]], str]) -> str | None:
     """The text is the output tokens decoded, stop tokens left out, cut before
@@ -66,9 +62,8 @@ def text_problem(tokens: list[int], text: str, req: GenerationRequest, caps: Cap
     if text.rstrip("\ufffd") in {w.rstrip("\ufffd") for w in cut}:
         return None
     w = cut[0]
-    at = next((i for i, (a, b) in enumerate(zip(text, w, strict=False)) if a != b), min(len(text), len(w)))
     return (f"text is not the output tokens decoded: {len(text)} characters, the {len(tokens)} tokens decode to "
-            f"{len(w)}; first difference at character {at}: {_short(text, at)} vs {_short(w, at)}")
+            f"{len(w)}; {text_difference(text, w)}")
 
 
 def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capabilities,

@@ -92,6 +92,30 @@ def _inside_a_block(res, i: int, first_token_from_prefill: bool) -> bool:
     return len(res.tokens) > i and token_role(res, i, first_token_from_prefill) == "accepted"
 
 
+def _ends_at_stop(where: str, want: list[int]):
+    """The problem of a result that must be exactly `want`, ending on its stop
+    token: finish 'stop' and nothing published after the stop."""
+    def problem(res):
+        if res.tokens != want:
+            after = res.tokens[len(want):] if res.tokens[: len(want)] == want else None
+            return (f"{where}: got {len(res.tokens)} tokens, expected {len(want)}"
+                    + (f"; {len(after)} emitted after the stop: {after[:8]}" if after else ""))
+        if res.finish_reason != "stop":
+            return f"{where}: finish_reason={res.finish_reason!r}, expected 'stop'"
+        return f"{where}: token events published after the stop" if _published_after_stop(res) else None
+    return problem
+
+
+def _judged_stop(backend, req, j: int, first: bool, problem, roles: dict, record) -> int:
+    """Serve req, count the role of output token j, judge it; 1 when the stop
+    fell inside an accepted block."""
+    res = backend.generate(req)
+    role = token_role(res, j, first) if len(res.tokens) > j else "absent"
+    roles[role] = roles.get(role, 0) + 1
+    _judge(backend, req, res, problem, record)
+    return int(_inside_a_block(res, j, first))
+
+
 SIDE_WORDS = {"speculative": "speculative path deviates (the same request with speculation off conforms)",
               "both": "both paths deviate (not speculative: the same request with speculation off fails the same rule)"}
 
@@ -113,21 +137,9 @@ def test_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixture, mtp
         for cut in cuts:
             eos = plain.tokens[cut]
             j = plain.tokens.index(eos)
-
-            def problem(res, eos=eos, j=j, want=plain.tokens[: j + 1], name=name):
-                where = f"EOS {eos} at {j} (prompt {name}, depth {depth})"
-                if res.tokens != want:
-                    return f"{where}: got {len(res.tokens)} tokens, expected {j + 1}"
-                if res.finish_reason != "stop":
-                    return f"{where}: finish_reason={res.finish_reason!r}, expected 'stop'"
-                return f"{where}: token events published after the stop" if _published_after_stop(res) else None
-
+            problem = _ends_at_stop(f"EOS {eos} at {j} (prompt {name}, depth {depth})", plain.tokens[: j + 1])
             req = request(prompt, LONG, GREEDY, spec, stop_token_ids=[eos])
-            res = mtp_backend.generate(req)
-            role = token_role(res, j, first) if len(res.tokens) > j else "absent"
-            roles[role] = roles.get(role, 0) + 1
-            inside += _inside_a_block(res, j, first)
-            _judge(mtp_backend, req, res, problem, mtp_record)
+            inside += _judged_stop(mtp_backend, req, j, first, problem, roles, mtp_record)
     # exercise evidence: how many stops fell inside an accepted block (an accepted
     # proposal with the rest of its round after it: what a B10 runtime emits)
     mtp_record(stop_token_roles=roles, stops_inside_accepted_block=inside)
@@ -155,25 +167,12 @@ def test_model_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixtur
         plain = greedy_outputs.plain(name)
         j = next((i for i, t in enumerate(plain.tokens) if t in eos), None)
         if j is None or j < first:  # no EOS within LONG greedy tokens, or the prefill's token: no round to judge
-            roles["not reached" if j is None else "prefill"] = roles.get("not reached" if j is None else "prefill", 0) + 1
+            unjudged = "not reached" if j is None else "prefill"
+            roles[unjudged] = roles.get(unjudged, 0) + 1
             continue
-
-        def problem(res, j=j, want=plain.tokens[: j + 1], name=name):
-            where = f"model EOS {want[-1]} at {j} (prompt {name}, depth {depth}, no stop_token_ids)"
-            if res.tokens != want:
-                after = res.tokens[j + 1:] if res.tokens[: j + 1] == want else None
-                return (f"{where}: got {len(res.tokens)} tokens, expected {j + 1}"
-                        + (f"; {len(after)} emitted after the EOS: {after[:8]}" if after else ""))
-            if res.finish_reason != "stop":
-                return f"{where}: finish_reason={res.finish_reason!r}, expected 'stop'"
-            return f"{where}: token events published after the stop" if _published_after_stop(res) else None
-
-        req = request(prompt, LONG, GREEDY, spec)
-        res = mtp_backend.generate(req)
-        role = token_role(res, j, first) if len(res.tokens) > j else "absent"
-        roles[role] = roles.get(role, 0) + 1
-        inside += _inside_a_block(res, j, first)
-        _judge(mtp_backend, req, res, problem, mtp_record)
+        where = f"model EOS {plain.tokens[j]} at {j} (prompt {name}, depth {depth}, no stop_token_ids)"
+        inside += _judged_stop(mtp_backend, request(prompt, LONG, GREEDY, spec), j, first,
+                               _ends_at_stop(where, plain.tokens[: j + 1]), roles, mtp_record)
     # exercise evidence: the model's EOS as an accepted proposal, more of its round after it
     mtp_record(eos_roles=roles, eos_inside_accepted_block=inside)
     if sum(n for r, n in roles.items() if r not in ("not reached", "prefill")) == 0:
