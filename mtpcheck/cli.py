@@ -263,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--prompt-ids", type=_token_ids, metavar="IDS", help="prompt token ids, e.g. '12,7,301'")
     x.add_argument("--num-draft-tokens", type=_at_least_one, help="speculation depth (default: the backend's)")
     x.add_argument("--max-tokens", type=_at_least_one, default=64)
-    x.add_argument("--logit-magnitude", type=float, default=16.0,
-                   help="|logit| at which gaps are counted in ulps (the law fixes differences only; default 16)")
+    x.add_argument("--logit-magnitude", type=float, default=None,
+                   help="|logit| at which gaps are counted in ulps (the law fixes differences only; default: the "
+                        "backend's logit_scale)")
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_explain_divergence)
 

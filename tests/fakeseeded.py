@@ -51,8 +51,8 @@ def full_rounds(n: int, d: int) -> tuple[list[int], list[int]]:
     return acc, list(acc)
 
 class FakeSeeded:
-    def __init__(self, max_depth=3, drafters="embedded", flip="none", tol=0.0, context=None):
-        self.max_depth, self.kinds, self.flip, self.tol = int(max_depth), [k for k in drafters.split(",") if k], flip, float(tol)
+    def __init__(self, max_depth=3, drafters="embedded", flip="none", tol=None, context=None):
+        self.max_depth, self.kinds, self.flip, self.tol = int(max_depth), [k for k in drafters.split(",") if k], flip, tol and float(tol)
         self.context = int(context) if context else None
         self.speculative_requests = []
 

@@ -34,12 +34,12 @@ def full_rounds(n: int, d: int) -> tuple[list[int], list[int]]:
     return acc, list(acc)
 
 class FakeTie:
-    def __init__(self, gap="1e-4", tol="1e-3", depth="2"):
-        self.gap, self.tol, self.depth = float(gap), float(tol), int(depth)
+    def __init__(self, gap="1e-4", depth="2"):
+        self.gap, self.depth = float(gap), int(depth)
 
     def capabilities(self):
         return Capabilities(name="fake-tie", version="0", vocab_size=V, mtp_kinds=["embedded"], max_depth=self.depth,
-                            acceptance_rule="exact_match", target_distributions=True, near_tie_logit_gap=self.tol,
+                            acceptance_rule="exact_match", target_distributions=True,
                             logit_dtype="float16", context_length=64)
 
     def generate(self, req):

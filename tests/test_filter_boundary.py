@@ -1,7 +1,8 @@
 """A float flip of a filter decision (docs/statistics.md, 'Known false
 failure'): a token that one pass keeps and the ground truth drops by a
-relative 1e-6 is excused under a declared filter_boundary_tolerance, and
-only then; a token far outside the filters is still a failure."""
+relative 1e-6 is excused under the precision rule's filter margin (float32
+on the reference), and only then; a token far outside the filters is still
+a failure."""
 
 import math
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.laws.precision import precision
 from mtpcheck.laws.stats import filter_margin, zero_probability_violations
 from mtpcheck.machinery.checks import observations
 
@@ -74,6 +76,6 @@ def test_the_calibration_failure_on_the_reference_is_a_boundary_flip():
     res = be.generate(request(prompt, 48, seeded(sp, 36 * 1000 + 37), spec_for(caps)))
     assert zero_probability_violations(observations(be, prompt, [res], sp)) == [12]
     excused = []
-    obs = observations(be, prompt, [res], sp, caps.filter_boundary_tolerance, excused)
+    obs = observations(be, prompt, [res], sp, precision(caps).filter_margin, excused)
     assert not zero_probability_violations(obs)
     assert [(e["position"], e["token"]) for e in excused] == [(12, 449)] and 1e-7 < excused[0]["margin"] < 1e-5

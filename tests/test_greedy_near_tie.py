@@ -5,8 +5,9 @@ tiny, so a margin-based excuse would let any greedy divergence through.
 The backend below speculates wrongly: at one position its speculative greedy
 output takes the runner-up, 0.2 nats below the top logit, on a flat law over
 32,000 tokens (p1 - p2 ~ 2e-4, below the old 1e-3 margin). The clause must
-fail it at the default tolerance, and excuse it - with the gap in the
-evidence - only when the backend declares a tolerance above 0.2."""
+fail it in float32 and float16, and excuse it - with the gap in the
+evidence - only where the declared logit dtype's rounding reaches 0.2 nats
+(bfloat16: 4 ulps at |logit| < 32 is 0.5 nats; laws.precision)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import math
 import numpy as np
 import pytest
 
+from mtpcheck.laws.precision import rule
 from mtpcheck.machinery.checks import top2_logit_gap
 
 pytest_plugins = ["pytester"]
@@ -40,12 +42,12 @@ def law(position):
 
 
 class FlatFlip:
-    def __init__(self, gap):
-        self.gap = float(gap)
+    def __init__(self, dtype):
+        self.dtype = dtype
 
     def capabilities(self):
         return Capabilities(name="flat-flip", version="0", vocab_size=V, mtp_kinds=["embedded"], max_depth=8,
-                            acceptance_rule="exact_match", target_distributions=True, near_tie_logit_gap=self.gap)
+                            acceptance_rule="exact_match", target_distributions=True, logit_dtype=self.dtype)
 
     def generate(self, req):
         spec = req.speculation not in (None, False) and req.speculation.mode != "off"
@@ -66,8 +68,8 @@ class FlatFlip:
         return np.stack([law(len(prompt) + i) for i in range(len(continuation))])
 
 
-def load(gap="0.001"):
-    return FlatFlip(gap)
+def load(dtype="float32"):
+    return FlatFlip(dtype)
 '''
 
 
@@ -84,16 +86,17 @@ def test_the_gap_not_the_margin_on_a_flat_law():
     assert top2_logit_gap(np.array([1.0, 0.0])) == math.inf
 
 
-@pytest.mark.parametrize("gap, outcome", [("0.001", "failed"), ("0.5", "passed")])
-def test_greedy_equiv_fails_a_flip_on_a_flat_law_unless_the_tolerance_is_declared(pytester, gap, outcome):
+@pytest.mark.parametrize("dtype, outcome", [("float32", "failed"), ("float16", "failed"), ("bfloat16", "passed")])
+def test_greedy_equiv_fails_a_flip_on_a_flat_law_unless_the_dtype_rounds_that_far(pytester, dtype, outcome):
     pytester.makepyfile(flatflip=BACKEND.format(V=V, FLIP_AT=FLIP_AT))
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
         "--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "--mtp-backend=flatflip:load",
-        f"--mtp-backend-option=gap={gap}", "--mtp-clauses=GREEDY-EQUIV", f"--mtp-json={report}")
+        f"--mtp-backend-option=dtype={dtype}", "--mtp-clauses=GREEDY-EQUIV", f"--mtp-json={report}")
     data = json.loads(report.read_text())
     assert data["clauses"]["GREEDY-EQUIV"]["outcome"] == outcome, result.stdout.str()[-3000:]
     divergences = [e["divergence"] for e in data["clauses"]["GREEDY-EQUIV"]["evidence"] if "divergence" in e]
     assert divergences and divergences[0]["position"] == FLIP_AT
     assert divergences[0]["top2_logit_gap"] == pytest.approx(0.2, abs=1e-6)
-    assert divergences[0]["near_tie_logit_gap"] == float(gap)
+    assert divergences[0]["logit_gap_tolerance"] == pytest.approx(rule(dtype).logit_gap)
+    assert divergences[0]["top2_gap_ulps"] == pytest.approx(0.2 / rule(dtype).ulp)

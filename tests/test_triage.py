@@ -30,9 +30,9 @@ def test_an_engineered_near_tie_is_a_near_tie(tie):
     assert (r.verdict, r.position) == ("near-tie", tie.FLIP_AT)
     assert r.pair_logit_gap == pytest.approx(1e-4, rel=1e-6) and r.top2_logit_gap == pytest.approx(1e-4, rel=1e-6)
     assert [c.token for c in r.top5[:2]] == [r.plain_token, r.spec_token] and len(r.top5) == 5
-    # float16 spacing at |logit| 16 is 2^-6: 1e-4 nats is 0.0064 ulps
+    # float16 spacing below |logit| 32 (the default logit_scale) is 2^-6: 1e-4 nats is 0.0064 ulps
     assert r.pair_gap_ulps == pytest.approx(1e-4 / 2**-6, rel=1e-6) and r.logit_dtype == "float16"
-    assert "inside the declared near_tie_logit_gap 0.001" in r.evidence
+    assert "inside the precision rule's logit gap 0.0625" in r.evidence and "4 ulps of float16" in r.evidence
 
 
 def test_the_same_flip_beyond_the_tolerance_is_structural(tie):
@@ -85,6 +85,7 @@ def test_a_zoo_mutant_diverges_structurally(capsys):
 
 
 def test_ulps():
-    assert ulps(2.0**-23, "float32", 1.0) == 1.0
-    assert ulps(2.0**-10 * 8, "float16", 8.0) == 1.0
-    assert math.isclose(ulps(0.03, "float16", 8.0), 0.03 / 2**-7)
+    # counted in the largest binade below the magnitude: [0.5, 1) for 1.0, [4, 8) for 8.0
+    assert ulps(2.0**-24, "float32", 1.0) == 1.0
+    assert ulps(2.0**-10 * 4, "float16", 8.0) == 1.0
+    assert math.isclose(ulps(0.03, "float16", 8.0), 0.03 / 2**-8)

@@ -33,7 +33,6 @@ from mtpcheck.contracts import (
     check_prompt_length,
 )
 
-FLOAT16_NEAR_TIE = 0.03  # nats: about 4 float16 ulps of a logit in [8, 16)
 PENALTY_CONTROLS = ["repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
 GUARD_DOC = ("guard=on: requests with controls the library mishandles with speculation run unaccelerated "
              "(used=False, reason sampling_control_unsupported); off (default): passed to the library as is")

@@ -29,7 +29,6 @@ which is kept stable. Two kinds of adapter:
 from __future__ import annotations
 
 from mtpcheck.backends._library import (
-    FLOAT16_NEAR_TIE,
     GUARD_DOC,
     DecodePathLogprobs,
     LibraryBackend,
@@ -67,7 +66,7 @@ from mtpcheck.backends.httpserver import (
 )
 
 __all__ = [
-    "FLOAT16_NEAR_TIE", "GUARD_DOC", "DecodePathLogprobs", "LibraryBackend", "check_request", "composed_sampler",
+    "GUARD_DOC", "DecodePathLogprobs", "LibraryBackend", "check_request", "composed_sampler",
     "context_limit", "drive", "drive_chunks", "library_sampling", "library_version", "penalty_processors",
     "plan_speculation", "report", "require_library", "resolve_drafter", "result_of", "run_to_end", "switch",
     "Client", "ServerError", "ServerProcess", "ServerTruth", "close_all", "completion_top", "kept_rounds",

@@ -103,11 +103,13 @@ class OpenAIHttpBackend(ServerTruth):
 
     def __init__(self, *, url: str, plain_url: str, model: str, dialect: str, depth: int, kind: str,
                  top_logprobs: int, vocab_size: int, eos_ids: list[int], speculation: bool,
-                 tokenizer=None, owner=None, rule: str = "exact_match", slots: int = 4):
+                 tokenizer=None, owner=None, rule: str = "exact_match", slots: int = 4,
+                 logit_dtype: str = "bfloat16", logit_scale: float = 32.0):
         self.spec, self.plain = Client(url), Client(plain_url)
         self.model, self.dialect, self.depth, self.kind = model, dialect, depth, kind
         self.top_logprobs, self.vocab_size, self.eos_ids = top_logprobs, vocab_size, eos_ids
         self.tokenizer, self.owner, self.rule, self.slots = tokenizer, owner, rule, slots
+        self.logit_dtype, self.logit_scale = logit_dtype, logit_scale
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter=kind,
                                           num_draft_tokens=depth)
 
@@ -146,7 +148,8 @@ class OpenAIHttpBackend(ServerTruth):
                                            if self.dialect != "vllm" or c not in ("min_p", "logit_bias")],
             target_distributions=True,
             truncated_laws=self.top_logprobs if self.top_logprobs < self.vocab_size else None,
-            near_tie_logit_gap=0.01,
+            logit_dtype=self.logit_dtype,
+            logit_scale=self.logit_scale,
             logprobs=True,  # the OpenAI field `logprobs`, read back per token (NaN where the server gives none)
             generate_batch=True,
             concurrent=self.slots > 1,
@@ -354,6 +357,8 @@ def load_openai_http(
     server: str | None = None,
     speculation: str | bool = True,
     slots: int | str = 4,
+    logit_dtype: str | None = None,
+    logit_scale: float | str = 32.0,
 ) -> OpenAIHttpBackend:
     """Options: url / plain_url (speculative / plain endpoints), model (the
     "model" field), dialect (llama.cpp|vllm|sglang), depth (the speculative
@@ -361,9 +366,15 @@ def load_openai_http(
     (comma-separated ids; default: the fixture's), or launch=llama-server with
     config / draft_sampling / server to start llama-server instances; slots
     (requests generate_batch keeps in flight, on concurrent connections; 1:
-    capability concurrent off)."""
+    capability concurrent off); logit_dtype (the server's precision: float32, float16 or bfloat16;
+    default bfloat16, float16 for launch=llama-server's float16 KV cache) and logit_scale (a bound of
+    |logit|) set the precision rule every exact check follows (mtpcheck.laws.precision)."""
     from mtpcheck.backends._library import switch
 
+    if logit_dtype is None:
+        logit_dtype = "float16" if launch else "bfloat16"
+    if logit_dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"logit_dtype={logit_dtype!r}: expected float32, float16 or bfloat16")
     if dialect not in DIALECTS:
         raise ValueError(f"dialect={dialect!r}: expected one of {', '.join(DIALECTS)}")
     depth, n, slots = int(depth), int(top_logprobs), slots_option(slots)
@@ -389,4 +400,4 @@ def load_openai_http(
     return OpenAIHttpBackend(url=url, plain_url=plain_url, model=model, dialect=dialect, depth=depth,
                              kind=kind, top_logprobs=n, vocab_size=int(vocab_size), eos_ids=eos_ids,
                              speculation=switch(speculation), tokenizer=tokenizer, owner=owner, rule=rule,
-                             slots=slots)
+                             slots=slots, logit_dtype=logit_dtype, logit_scale=float(logit_scale))

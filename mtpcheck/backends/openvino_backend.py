@@ -90,7 +90,6 @@ EXTRA = "openvino"
 CONFIGS = ("draft", "prompt_lookup")
 UNSUPPORTED = ["logit_bias"]
 PRECISIONS = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
-NEAR_TIE = {"f32": 1e-3, "bf16": 0.25, "f16": 0.03}  # nats: a few ulps of a logit near 8-16 in that dtype
 
 
 class OpenVINORuntimeError(RuntimeError):
@@ -276,8 +275,6 @@ class OpenVINOBackend(LibraryBackend):
             raw_logits=True,
             checkpoint_evidence=True,
             logit_dtype=PRECISIONS[self.precision],
-            near_tie_logit_gap=NEAR_TIE[self.precision],
-            filter_boundary_tolerance=1e-5,
             logprobs=False,
             text=True,
             **self.declared_context(),

@@ -17,6 +17,7 @@ from mtpcheck.contracts import (
 )
 
 SLOTS = 4  # requests generate_batch keeps in flight at once
+LOGIT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def child_seed(seed: int | None, index: int) -> int:
@@ -35,8 +36,9 @@ class ReferenceBackend:
     """Wraps one loaded `Engine`. Options (from --mtp-backend-option):
     acceptance=rejection|exact_match, drafter=mtp|assistant, depth=N, fixture=tiny|mlx-vlm|mlx-vlm-native|PATH."""
 
-    def __init__(self, engine, folders: dict[str, Path] | None = None, context_length: int | None = None):
-        self.engine = engine
+    def __init__(self, engine, folders: dict[str, Path] | None = None, context_length: int | None = None,
+                 logit_dtype: str = "float32"):
+        self.engine, self.logit_dtype = engine, logit_dtype
         self.folders = folders or {}  # role -> checkpoint folder, when loaded from disk
         # longest prompt accepted: attention over an unbounded one grows without limit (23.5 GB at 100 KB)
         self.context_length = context_length
@@ -77,9 +79,7 @@ class ReferenceBackend:
             generate_batch=True,
             concurrent=True,
             parallel_samples=True,
-            # float32 logits: the verify pass and the teacher-forced pass round differently,
-            # and a min-p ratio 1.5e-6 from its threshold flipped (docs/statistics.md)
-            filter_boundary_tolerance=1e-5,
+            logit_dtype=self.logit_dtype,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
@@ -186,17 +186,28 @@ def load_reference(
     drafter: str = "mtp",
     depth: int | str = 3,
     fixture: str | Path | None = None,
+    logits: str = "float32",
+    jitter: int | str = 0,
 ) -> ReferenceBackend:
     """fixture: a folder, "tiny" (default: the reference fixture, target/ +
     assistant/), "mlx-vlm" (mlx-vlm's Qwen3.5 fixture, target/ + mtp/, decoded
     through mtpcheck.engine.qwen3_5: the same checkpoint mlx-vlm runs) or
-    "mlx-vlm-native" (the same weights as one checkpoint with embedded mtp.*)."""
+    "mlx-vlm-native" (the same weights as one checkpoint with embedded mtp.*).
+    logits: float16 or bfloat16 rounds the target's logits through that dtype
+    on every path (verify, plain, ground truth): a correct half-precision
+    runtime, declared as such, for calibrating the precision rule; jitter=n
+    moves each of its logits by up to n ulps by its row in the forward chunk,
+    so the verify, plain and teacher-forced paths disagree as batched kernels do."""
+    if logits not in LOGIT_DTYPES:
+        raise ValueError(f"logits={logits!r}: expected one of {', '.join(LOGIT_DTYPES)}")
     from mtpcheck.fixture import FIXTURE_DIR, REAL_DIR
     from mtpcheck.inspect import check_pair
 
     named = {"tiny": FIXTURE_DIR, "mlx-vlm": REAL_DIR / "mlx_vlm", "mlx-vlm-native": REAL_DIR / "mlx_vlm" / "native"}
     folder = named.get(str(fixture or "tiny")) or Path(fixture)
     spec = SpeculationRequest(mode="native_mtp", drafter=drafter, num_draft_tokens=int(depth))
+    if (logits != "float32" or int(jitter)) and ((folder / "mtp").is_dir() or (folder / "config.json").is_file()):
+        raise ValueError(f"logits={logits}: the rounded stand-in runs the reference's own fixture models, not {folder}")
     if (folder / "mtp").is_dir():  # mlx-vlm layout: target/ + separate head mtp/
         return _load_qwen35(folder / "target", folder / "mtp", acceptance, spec)
     if (folder / "config.json").is_file():  # one checkpoint with an embedded head
@@ -208,10 +219,14 @@ def load_reference(
     from mtpcheck.fixture import load_fixture
 
     target, assistant, tokenizer, meta = load_fixture(folder)
+    if logits != "float32" or int(jitter):
+        import mlx.core as mx
+
+        target.logit_dtype, target.logit_jitter = getattr(mx, logits), int(jitter)
     engine = Engine(target, assistant, tokenizer=tokenizer, eos_ids=(meta["tokenizer"]["eos_id"],),
                     acceptance=acceptance, default_speculation=spec)
     return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"},
-                            context_length=context_length(folder / "target"))
+                            context_length=context_length(folder / "target"), logit_dtype=logits)
 
 
 def context_length(folder: Path) -> int | None:

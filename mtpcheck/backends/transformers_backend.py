@@ -263,7 +263,6 @@ class TransformersBackend(LibraryBackend):
             target_distributions=True,
             raw_logits=True,
             checkpoint_evidence=True,
-            filter_boundary_tolerance=1e-5,  # float32 logits, batched verification vs one-token steps
             logit_dtype="float32",
             logprobs=True,
             text=True,

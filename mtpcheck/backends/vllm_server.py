@@ -312,8 +312,6 @@ class VllmBackend(ServerTruth):
                                            "repetition_penalty", "presence_penalty", "frequency_penalty"],
             penalty_history="output_only",  # OpenAI's presence / frequency penalties: sampled tokens only
             target_distributions=True,
-            near_tie_logit_gap=1e-3,
-            filter_boundary_tolerance=1e-5,
             logprobs=True,
             generate_batch=True,
             concurrent=True,  # requests on concurrent connections, batched by vLLM's scheduler (--max-num-seqs 8)

@@ -329,34 +329,42 @@ class Capabilities(_Strict):
         " the runtime against the convention it declares; a runtime that matches neither fails them."
         " repetition_penalty counts prompt and output under both",
     )
-    near_tie_logit_gap: float = Field(
-        1e-3, ge=0.0, le=1.0,
-        description="GREEDY-EQUIV excuses a greedy divergence only where the target's top-2 logit gap, log(p1/p2)"
-        " of the temperature-1 law, is below this (nats): rounding of the logits' own precision. The default suits"
-        " float32 logits; declare the gap your logits' dtype can flip (about 2 ulps at their magnitude, e.g. 0.03"
-        " for float16 logits near 8), and the report shows it",
+    near_tie_logit_gap: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Leave unset: GREEDY-EQUIV and every greedy exact check excuse a divergence only where the"
+        " target's top-2 logit gap, log(p1/p2) of the temperature-1 law, is inside the precision rule's logit gap"
+        " (mtpcheck.laws.precision: ulps of logit_dtype at logit_scale). A number here replaces the rule's value"
+        " by hand, and the report says it was declared",
     )
-    seed_cdf_tolerance: float = Field(
-        0.0, ge=0.0, le=0.1,
-        description="SEED-SPEC-EQUALS-PLAIN excuses a seeded speculative sample that differs from the plain one only"
-        " where it can be a float flip: the two tokens' inverse-CDF intervals (token-id order, plain path's law) lie"
-        " within this distance of each other, and, when traces give the seeded uniform, the uniform lies within it of"
-        " their boundary. 0 (default): exact, nothing is excused. A float runtime declares its CDF rounding, e.g. 1e-3",
+    seed_cdf_tolerance: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Leave unset: SEED-SPEC-EQUALS-PLAIN excuses a seeded speculative sample that differs from the"
+        " plain one only where it can be a float flip: the two tokens' inverse-CDF intervals (token-id order, plain"
+        " path's law) lie within the precision rule's CDF tolerance of each other, and, when traces give the seeded"
+        " uniform, the uniform lies within it of their boundary. A number replaces the rule's value (0: exact)",
     )
-    filter_boundary_tolerance: float = Field(
-        0.0, ge=0.0, le=0.1,
-        description="DIST-ZERO / DIST-EQUIV excuse an emitted token of target probability 0 only where it can be a"
-        " float flip of a filter decision: the backend's own law at temperature only (filters off) puts it within this"
-        " relative distance of surviving top-k, top-p and min-p (mtpcheck.laws.stats.filter_margin). Excused tokens"
-        " are dropped from the tests and listed, with their margins, in the evidence. 0 (default): exact, nothing is"
-        " excused. A float runtime declares its logits' relative rounding, e.g. 1e-5 for float32",
+    filter_boundary_tolerance: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Leave unset: DIST-ZERO / DIST-EQUIV count an emitted token of target probability 0 as a"
+        " boundary token, not a violation, where the backend's own law at temperature only (filters off) puts it"
+        " within the precision rule's filter margin of surviving top-k, top-p and min-p"
+        " (mtpcheck.laws.stats.filter_margin; 0 for a token tied with the boundary). Boundary tokens are listed with"
+        " their margins; DIST-ZERO fails when there are more than the boundary mass allows. A number replaces the"
+        " rule's value (0: exact)",
     )
     logprob_tolerance: float = Field(
         1e-4, gt=0.0, le=1.0,
         description="LOGPROBS: largest |reported logprob - log p| (nats) against target_distributions' law",
     )
     logit_dtype: Literal["float64", "float32", "float16", "bfloat16"] = Field(
-        "float32", description="dtype the target's logits are computed in; explain-divergence states gaps in its ulps",
+        "float32", description="The precision the target's logits are computed in (the lowest on their way: a"
+        " float16 KV cache makes float32 logits float16). Every exact check's tolerance follows from it"
+        " (mtpcheck.laws.precision), and explain-divergence states gaps in its ulps",
+    )
+    logit_scale: float = Field(
+        32.0, gt=0.0,
+        description="A bound of |logit| for the target (raw logits, temperature 1): the precision rule counts ulps"
+        " at this size. With raw_logits, the ground-truth check holds the runtime's own logits to it",
     )
     context_length: int | None = Field(
         None, ge=1,

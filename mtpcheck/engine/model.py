@@ -155,6 +155,13 @@ class MTPHead(nn.Module):
 
 
 class Model(nn.Module):
+    # logits leave in float32 (the host reads them; bf16 has no numpy buffer format), rounded
+    # through logit_dtype first: the reference as a stand-in for a half-precision runtime;
+    # logit_jitter moves each logit by up to that many of its ulps, by its row in the forward
+    # chunk: paths that chunk a sequence differently (verify, plain, teacher-forced) disagree
+    logit_dtype = mx.float32
+    logit_jitter = 0
+
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.args = a
@@ -169,13 +176,22 @@ class Model(nn.Module):
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, None if cache is None else cache[i])
-        # logits leave in float32: the host reads them (bf16 has no numpy buffer format)
-        return x, self.embed.as_linear(self.norm(x)).astype(mx.float32)
+        return x, self.logits(self.norm(x))
+
+    def logits(self, h: mx.array) -> mx.array:
+        z = self.embed.as_linear(h).astype(self.logit_dtype).astype(mx.float32)  # [B, L, V]
+        if not self.logit_jitter:
+            return z
+        L, V = z.shape[-2], z.shape[-1]
+        step = (mx.arange(V)[None, :] * 7 + mx.arange(L)[:, None] * 13) % (2 * self.logit_jitter + 1) - self.logit_jitter
+        eps = {mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}.get(self.logit_dtype, 2.0**-23)
+        ulp = eps * mx.power(2.0, mx.floor(mx.log2(mx.maximum(mx.abs(z), 2.0**-14))))
+        return (z + step * ulp).astype(self.logit_dtype).astype(mx.float32)
 
     def mtp_forward(self, h: mx.array, next_tokens: mx.array, cache: list | None = None):
         """(h [B, L, D], x_{i+1} [B, L]) -> (head hidden [B, L, D], logits for x_{i+2} [B, L, V])."""
         out = self.mtp(h, self.embed(next_tokens), cache)
-        return out, self.embed.as_linear(self.mtp.norm(out)).astype(mx.float32)
+        return out, self.logits(self.mtp.norm(out))
 
     def make_cache(self) -> list:
         return [KVCache() if k == "attn" else RecurrentCache() for k in self.args.kinds()]

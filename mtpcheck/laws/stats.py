@@ -46,7 +46,10 @@ __all__ = [
     "TopLawSummary",
     "alpha_for",
     "bonferroni",
+    "boundary_excess",
+    "boundary_mass",
     "detectable_tv",
+    "filter_margins",
     "noncentrality",
     "observations",
     "pit_ks",
@@ -326,6 +329,55 @@ def filter_margin(raw: np.ndarray, token: int, sp) -> float:
         thr = sp.min_p * p.max()
         worst = max(worst, (thr - p[token]) / thr)
     return max(worst, 0.0)
+
+
+def filter_margins(raw: np.ndarray, sp) -> np.ndarray:
+    """filter_margin for every token of one row at once, [V]: each token kept
+    through top-k counts in the top-p normaliser, as the one-token form does;
+    the min-p ratio to the top token needs no normaliser."""
+    p = np.asarray(raw, dtype=np.float64)
+    v = len(p)
+    worst = np.zeros(v)
+    keep = p > 0
+    if sp.top_k is not None and sp.top_k < v:
+        kth = np.partition(p, v - sp.top_k)[v - sp.top_k]
+        worst = np.maximum(worst, (kth - p) / kth)
+        keep &= p >= kth
+    if sp.top_p is not None and sp.top_p < 1.0:
+        asc = np.sort(p[keep])
+        at_or_below = np.concatenate([[0.0], np.cumsum(asc)])[np.searchsorted(asc, p, side="right")]
+        norm = asc.sum() + np.where(keep, 0.0, p)  # the token itself, when top-k dropped it
+        worst = np.maximum(worst, ((asc.sum() - at_or_below) / norm - sp.top_p) / sp.top_p)
+    if sp.min_p is not None and sp.min_p > 0.0:
+        thr = sp.min_p * p.max()
+        worst = np.maximum(worst, (thr - p) / thr)
+    worst = np.maximum(worst, 0.0)
+    worst[p <= 0] = np.inf
+    return worst
+
+
+def boundary_mass(raw: np.ndarray, law: np.ndarray, sp, tolerance: float) -> float:
+    """The most a correct float runtime emits boundary tokens at one position:
+    with every token of target probability 0 that lies within `tolerance` of
+    surviving the filters kept (ties and float flips, all at once), their share
+    of the raw mass. A runtime that keeps some of them emits one less often."""
+    raw = np.asarray(raw, dtype=np.float64)
+    support = np.asarray(law) > 0
+    zone = ~support & (filter_margins(raw, sp) <= tolerance)
+    near = raw[zone].sum()
+    return float(near / (raw[support].sum() + near)) if near > 0 else 0.0
+
+
+def boundary_excess(count: int, masses: Sequence[float], alpha: float) -> TestResult:
+    """Are there more boundary tokens than the boundary masses allow? Their
+    count is a sum of independent Bernoulli(<= mass) draws, one per emitted
+    position; its upper tail is at most Poisson's of the same mean at any
+    count past mean + 1 (Anderson & Samuels), which gives the p-value."""
+    mu = float(np.sum(masses))
+    p = float(stats.poisson.sf(count - 1, mu)) if count >= mu + 1 else 1.0
+    return TestResult(name="boundary-excess", alpha=alpha, n=len(masses), statistic=float(count), p_value=p, df=0,
+                      detectable_tv=None, passed=p >= alpha,
+                      note=f"{count} boundary tokens, at most {mu:.3g} expected from the boundary mass")
 
 
 def _zero_result(name: str, alpha: float, n: int, bad: np.ndarray) -> TestResult:

@@ -22,6 +22,7 @@ from mtpcheck.contracts import (
     TokenEvent,
 )
 from mtpcheck.contracts.models import history_digest
+from mtpcheck.laws.precision import precision
 from mtpcheck.laws.stats import filter_margin
 
 LAW_ATOL = 1e-9  # traced laws are float64; recomputation differs only by rounding
@@ -450,6 +451,23 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def near_tie_divergence(backend, caps: Capabilities, prompt: list[int], want: list[int], got: list[int]) -> dict | None:
+    """Where greedy output `got` first leaves `want` (the same runtime's greedy
+    output) at a float flip: both tokens within the precision rule's logit gap
+    of the top of the target's law along want's prefix. None when they do not
+    differ there, or the difference is no near-tie (a length, a token far below)."""
+    i = first_divergence(got, want)
+    if i is None or i >= min(len(got), len(want)) or not caps.target_distributions:
+        return None
+    law = np.asarray(backend.target_distributions(prompt, want[: i + 1], SamplingParams(temperature=1.0))[i],
+                     dtype=np.float64)
+    a, b = int(want[i]), int(got[i])
+    if not 0 <= b < len(law) or law[a] <= 0 or law[b] <= 0:
+        return None
+    gap, tol = float(math.log(law.max() / min(law[a], law[b]))), precision(caps).logit_gap
+    return dict(position=i, plain_token=a, spec_token=b, gap=gap, logit_gap_tolerance=tol) if gap < tol else None
+
+
 def sampled_through(caps: Capabilities) -> str:
     """How the statistical clauses drew their samples, for the report's evidence."""
     if not caps.generate_batch:
@@ -538,17 +556,17 @@ def seeded_flip(law: np.ndarray, plain_token: int, spec_token: int, uniform: flo
 def flip_excused(flip: dict, tolerance: float) -> tuple[bool, str]:
     """(excused, why) for seeded_flip's evidence at a declared CDF tolerance."""
     if tolerance <= 0:
-        return False, "seed_cdf_tolerance is 0 (exact): no flip is excused"
+        return False, "the CDF tolerance is 0 (exact): no flip is excused"
     if flip["p_spec"] <= 0:
         return False, f"the speculative token {flip['spec_token']} has probability 0 under the target law"
     if flip["interval_gap"] > tolerance:
-        return False, (f"the tokens' CDF intervals are {flip['interval_gap']:.3g} apart, beyond seed_cdf_tolerance "
+        return False, (f"the tokens' CDF intervals are {flip['interval_gap']:.3g} apart, beyond the CDF tolerance "
                        f"{tolerance:g}: no rounding of the law explains it")
     d = flip["uniform_to_spec_interval"]
     if d is not None and d > tolerance:
         return False, (f"the seeded uniform {flip['uniform']:.9g} is {d:.3g} from the speculative token's interval, "
-                       f"beyond seed_cdf_tolerance {tolerance:g}")
-    return True, f"within seed_cdf_tolerance {tolerance:g} of the CDF boundary {flip['boundary']:.9g}"
+                       f"beyond the CDF tolerance {tolerance:.3g}")
+    return True, f"within the CDF tolerance {tolerance:.3g} of the CDF boundary {flip['boundary']:.9g}"
 
 
 def traced_uniform(res: GenerationResult, prompt_len: int, index: int) -> float | None:
@@ -569,7 +587,7 @@ def traced_uniform(res: GenerationResult, prompt_len: int, index: int) -> float 
 def boundary_flips(backend, prompt: list[int], tokens: list[int], positions: list[int], sp: SamplingParams,
                    tolerance: float) -> dict[int, float]:
     """Of `positions` (tokens of target probability 0), those where the token
-    can be a float flip of a filter decision (Capabilities.filter_boundary_tolerance):
+    can be a float flip of a filter decision (laws.precision's filter margin):
     the backend's own law at temperature only puts it within `tolerance`
     (relative) of surviving the filters. position -> margin."""
     if tolerance <= 0 or not positions or sp.temperature <= 0:

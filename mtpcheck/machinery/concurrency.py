@@ -7,8 +7,8 @@ theirs), temperatures and filters, depths, lengths (short requests leave while
 long ones run), greedy and plain requests beside speculative ones. A
 divergence is triaged as GREEDY-EQUIV and SEED-SPEC-EQUALS-PLAIN triage
 theirs: batch composition changes kernel shapes, so a greedy flip at a
-near-tie (top-2 logit gap below near_tie_logit_gap) or a seeded draw within
-seed_cdf_tolerance of its CDF boundary is reported as such; anything else
+near-tie (top-2 logit gap inside the precision rule's, laws.precision) or a
+seeded draw within its CDF tolerance of an interval boundary is reported as such; anything else
 fails.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
+from mtpcheck.laws.precision import precision
 
 from .checks import first_divergence, flip_excused, seeded_flip, top2_logit_gap
 from .configs import request, spec_for
@@ -65,14 +66,14 @@ def divergence(backend, caps: Capabilities, req: GenerationRequest, alone: Gener
     prompt = list(req.prompt_tokens)
     if sp.temperature == 0:
         law = np.asarray(backend.target_distributions(prompt, alone.tokens[: j + 1], SamplingParams(temperature=1.0))[j])
-        gap, tol = top2_logit_gap(law), caps.near_tie_logit_gap
+        gap, tol = top2_logit_gap(law), precision(caps).logit_gap
         ok = gap < tol
-        return {**ev, "top2_logit_gap": gap, "near_tie_logit_gap": tol, "excused": ok,
-                "why": (f"near-tie: top-2 logit gap {gap:.3g} < near_tie_logit_gap {tol:g}" if ok else
-                        f"greedy, not a near-tie: top-2 logit gap {gap:.4g} nats >= near_tie_logit_gap {tol:g}")}
+        return {**ev, "top2_logit_gap": gap, "logit_gap_tolerance": tol, "excused": ok,
+                "why": (f"near-tie: top-2 logit gap {gap:.3g} < the precision rule's {tol:.3g}" if ok else
+                        f"greedy, not a near-tie: top-2 logit gap {gap:.4g} nats >= the precision rule's {tol:.3g}")}
     law = np.asarray(backend.target_distributions(prompt, alone.tokens[: j + 1], sp)[j])
     flip = seeded_flip(law, alone.tokens[j], together.tokens[j])
-    ok, why = flip_excused(flip, caps.seed_cdf_tolerance)
+    ok, why = flip_excused(flip, precision(caps).cdf)
     return {**ev, **flip, "excused": ok, "why": f"seeded: {why}"}
 
 

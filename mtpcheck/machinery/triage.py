@@ -6,8 +6,8 @@ At the first divergent position the target law along the *plain* path (the
 prefix both runs share, teacher-forced through `target_distributions` at
 temperature 1) gives the logit gaps: log(p_i / p_j) is z_i - z_j whatever the
 rest of the vocabulary holds. The verdict compares the gap between the two
-tokens that were actually emitted with the backend's declared
-`near_tie_logit_gap` (GREEDY-EQUIV's tolerance): inside it a float flip,
+tokens that were actually emitted with the precision rule's logit gap
+(laws.precision, GREEDY-EQUIV's tolerance): inside it a float flip,
 `near-tie`; beyond it `structural`, a bug to look for.
 """
 
@@ -20,18 +20,15 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from mtpcheck.contracts import Capabilities, GenerationRequest, SamplingParams
+from mtpcheck.laws.precision import precision, spacing
 from mtpcheck.machinery.checks import first_divergence, top2_logit_gap
-
-# machine epsilon (spacing at 1.0) of each declarable logit dtype
-EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def ulps(gap: float, dtype: str, magnitude: float) -> float:
-    """`gap` in units of the dtype's spacing at |logit| = magnitude (floats are
-    spaced by eps * 2^floor(log2 |x|)); the law fixes logit differences only,
-    so the magnitude is an assumption the report states."""
-    spacing = EPS[dtype] * 2.0 ** math.floor(math.log2(max(abs(magnitude), 1e-30)))
-    return gap / spacing
+    """`gap` in units of the dtype's spacing below |logit| = magnitude
+    (laws.precision.spacing); the law fixes logit differences only, so the
+    magnitude (the backend's logit_scale unless given) is stated in the report."""
+    return gap / spacing(dtype, magnitude)
 
 
 class Candidate(BaseModel):
@@ -60,7 +57,8 @@ class DivergenceReport(BaseModel):
     logit_magnitude: float = Field(..., description="|logit| at which ulps are counted")
     top2_gap_ulps: float | None = None
     pair_gap_ulps: float | None = None
-    near_tie_logit_gap: float
+    near_tie_logit_gap: float = Field(..., description="the precision rule's logit gap (laws.precision), nats")
+    precision: str = ""
     verdict: Literal["no-divergence", "near-tie", "structural", "undetermined"]
     evidence: str
 
@@ -82,7 +80,7 @@ class DivergenceReport(BaseModel):
         if self.pair_logit_gap is not None:
             out.append(f"gap plain-vs-speculative: {self.pair_logit_gap:.6g} nats = {_fmt(self.pair_gap_ulps)} ulps of "
                        f"{self.logit_dtype} at |logit| {self.logit_magnitude:g}; top-2 gap {_fmt(self.top2_logit_gap)} nats "
-                       f"= {_fmt(self.top2_gap_ulps)} ulps; declared near_tie_logit_gap {self.near_tie_logit_gap:g}")
+                       f"= {_fmt(self.top2_gap_ulps)} ulps; precision rule: {self.precision}")
         return out
 
 
@@ -91,9 +89,11 @@ def _fmt(x: float | None) -> str:
 
 
 def explain_divergence(backend, prompt: list[int], num_draft_tokens: int | None = None, max_tokens: int = 64,
-                       logit_magnitude: float = 16.0, name: str = "backend") -> DivergenceReport:
+                       logit_magnitude: float | None = None, name: str = "backend") -> DivergenceReport:
     """Greedy plain vs speculative on one loaded backend, and the verdict."""
     caps: Capabilities = backend.capabilities()
+    rule = precision(caps)
+    logit_magnitude = caps.logit_scale if logit_magnitude is None else logit_magnitude
     greedy = SamplingParams(temperature=0.0)
     spec = {"mode": "native_mtp", **({"num_draft_tokens": num_draft_tokens} if num_draft_tokens else {})}
 
@@ -107,7 +107,7 @@ def explain_divergence(backend, prompt: list[int], num_draft_tokens: int | None 
     base = dict(backend=name, prompt_tokens=len(prompt), max_tokens=max_tokens, num_draft_tokens=s.num_draft_tokens or None,
                 speculation_used=s.used, speculation_reason=s.reason, plain_tokens=plain.tokens,
                 spec_tokens=sped.tokens, logit_dtype=caps.logit_dtype, logit_magnitude=logit_magnitude,
-                near_tie_logit_gap=caps.near_tie_logit_gap)
+                near_tie_logit_gap=rule.logit_gap, precision=rule.describe())
     j = first_divergence(sped.tokens, plain.tokens)
     if j is None:
         note = "" if s.used else f" (speculation was not used: {s.reason}; nothing was compared)"
@@ -117,7 +117,7 @@ def explain_divergence(backend, prompt: list[int], num_draft_tokens: int | None 
                                 evidence=f"one output stops at {j} tokens, the other goes on: a length is no near-tie")
     a, b = plain.tokens[j], sped.tokens[j]
     base.update(position=j, plain_token=a, spec_token=b)
-    tol = caps.near_tie_logit_gap
+    tol = rule.logit_gap
     if caps.target_distributions:
         law = np.asarray(backend.target_distributions(prompt, plain.tokens[: j + 1], SamplingParams(temperature=1.0))[j],
                          dtype=np.float64)
@@ -148,9 +148,9 @@ def explain_divergence(backend, prompt: list[int], num_draft_tokens: int | None 
         verdict, why = "structural", (f"the speculative token {b} has the higher logit ({-pair:.3g} nats): "
                                       f"the plain run did not take the argmax")
     elif pair < tol:
-        verdict, why = "near-tie", (f"the logits of tokens {a} and {b} are {pair:.3g} nats apart, inside the declared "
-                                    f"near_tie_logit_gap {tol:g}: a float flip")
+        verdict, why = "near-tie", (f"the logits of tokens {a} and {b} are {pair:.3g} nats apart, inside the precision "
+                                    f"rule's logit gap {tol:.3g} ({rule.describe()}): a float flip")
     else:
-        verdict, why = "structural", (f"the logits of tokens {a} and {b} are {pair:.3g} nats apart, beyond the declared "
-                                      f"near_tie_logit_gap {tol:g}: no rounding explains it")
+        verdict, why = "structural", (f"the logits of tokens {a} and {b} are {pair:.3g} nats apart, beyond the precision "
+                                      f"rule's logit gap {tol:.3g} ({rule.describe()}): no rounding explains it")
     return DivergenceReport(**base, **gaps, verdict=verdict, evidence=why)

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from mtpcheck.contracts import BackendError, Capabilities, GenerationRequest, SamplingParams
+from mtpcheck.laws.precision import precision
 
 PROMPTS, TOKENS = 2, 16  # fixture prompts x greedy plain tokens checked
 
@@ -35,8 +36,9 @@ def gap(row: np.ndarray, token: int, logits: bool) -> float:
 
 def problems(backend, caps: Capabilities, prompts: list[list[int]]) -> list[str]:
     """Positions where a greedy plain token is not the argmax of the backend's
-    own ground truth, beyond near_tie_logit_gap."""
-    out = []
+    own ground truth, beyond the precision rule's logit gap; raw logits beyond
+    the declared logit_scale (every tolerance is counted in ulps at it)."""
+    out, tol, largest = [], precision(caps).logit_gap, 0.0
     for n, prompt in enumerate(prompts[:PROMPTS]):
         plain = backend.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=TOKENS, stop_token_ids=[],
                                                    sampling=SamplingParams(temperature=0.0), speculation=False))
@@ -47,13 +49,19 @@ def problems(backend, caps: Capabilities, prompts: list[list[int]]) -> list[str]
         if caps.raw_logits:
             sources.append(("target_logits", True, backend.target_logits(prompt, plain.tokens)))
         for name, logits, rows in sources:
-            bad = [(i, t) for i, t in enumerate(plain.tokens) if gap(rows[i], t, logits) >= caps.near_tie_logit_gap]
+            if logits and len(plain.tokens):
+                z = np.abs(np.asarray(rows, dtype=np.float64))
+                largest = max(largest, float(z[np.isfinite(z)].max(initial=0.0)))
+            bad = [(i, t) for i, t in enumerate(plain.tokens) if gap(rows[i], t, logits) >= tol]
             if bad:
                 i, t = bad[0]
                 out.append(f"{name}: prompt {n}, {len(bad)} of {len(plain.tokens)} greedy plain tokens are not its "
                            f"argmax (first: position {i}, plain token {t}, argmax {int(np.argmax(rows[i]))}, "
-                           f"{gap(rows[i], t, logits):.3g} nats below it; near_tie_logit_gap "
-                           f"{caps.near_tie_logit_gap:g})")
+                           f"{gap(rows[i], t, logits):.3g} nats below it; the precision rule's logit gap "
+                           f"{tol:.3g})")
+    if largest > caps.logit_scale:
+        out.append(f"target_logits reach |logit| {largest:.4g}, beyond the declared logit_scale {caps.logit_scale:g}: "
+                   f"the precision rule would count ulps too small; declare logit_scale >= {largest:.4g}")
     return out
 
 

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from mtpcheck.laws.precision import precision
 from mtpcheck.machinery import contexts as ctx
 from mtpcheck.machinery.checks import boundary_flips, sampled_through
 from mtpcheck.machinery.configs import (
@@ -44,7 +45,7 @@ def test_tokens_follow_the_target_law_at_fixed_contexts(mtp_backend, mtp_capabil
 
     def excuse(prompt, prefix, token):
         """A float flip of the filter decision: DIST-ZERO's rule (checks.boundary_flips)."""
-        flips = boundary_flips(mtp_backend, prompt, [*prefix, token], [len(prefix)], sp, caps.filter_boundary_tolerance)
+        flips = boundary_flips(mtp_backend, prompt, [*prefix, token], [len(prefix)], sp, precision(caps).filter_margin)
         excused.extend({"prefix": list(prefix), "token": token, "margin": m} for m in flips.values())
         return bool(flips)
 

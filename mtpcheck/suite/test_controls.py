@@ -19,6 +19,7 @@ import pytest
 
 from mtpcheck.contracts import SamplingParams
 from mtpcheck.laws.greedy_contract import PathCheck, deviating_side, verdict
+from mtpcheck.laws.precision import precision
 from mtpcheck.machinery.configs import request, spec_for
 from mtpcheck.machinery.contract_logits import (
     argmax_changes,
@@ -85,7 +86,8 @@ def test_greedy_tokens_are_the_contracts_processed_argmax(mtp_backend, mtp_capab
     if why:
         pytest.skip(why)
     spec_block = spec_for(caps)
-    eps, n, source = caps.near_tie_logit_gap, mtp_profile.greedy_tokens, truth_source(caps)
+    rule = precision(caps)
+    eps, n, source = rule.logit_gap, mtp_profile.greedy_tokens, truth_source(caps)
     checks = {"speculative": PathCheck("speculative"), "plain": PathCheck("plain")}
     prompts, t0 = [], time.perf_counter()
     for name, prompt in repetitive_prompts(mtp_fixture, mtp_profile.control_prompts).items():
@@ -108,7 +110,7 @@ def test_greedy_tokens_are_the_contracts_processed_argmax(mtp_backend, mtp_capab
                 row["speculative_used"], row["speculative_reason"] = s.used, s.reason
                 row["speculative_accepted"] = s.accepted
         prompts.append(row)
-    mtp_record(control=control, ground_truth=source, near_tie_logit_gap=eps, penalty_history=caps.penalty_history, tokens_per_path=n, prompts=prompts,
+    mtp_record(control=control, ground_truth=source, precision=rule.evidence(), penalty_history=caps.penalty_history, tokens_per_path=n, prompts=prompts,
                speculative=checks["speculative"].evidence(), plain=checks["plain"].evidence(),
                seconds=round(time.perf_counter() - t0, 2))
     message = verdict(control, checks["speculative"], checks["plain"], eps, source)

@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 
+from mtpcheck.laws.precision import precision
 from mtpcheck.laws.stats import (
     LawSummary,
     TopLawSummary,
+    boundary_excess,
+    boundary_mass,
     pit_ks,
     rank_gtest,
     summarise,
@@ -26,6 +29,7 @@ from mtpcheck.machinery.configs import (
     request,
     seeded,
     spec_for,
+    subtest_alpha,
 )
 from mtpcheck.machinery.report import SIDE_WORDS
 
@@ -85,9 +89,9 @@ def _summary(obs, top_n):
 
 
 def _obs(backend, caps, config, runs, excused=None, memo=None):
-    """The runs' observations, summarised; zero-probability tokens at a float
-    flip of a filter boundary (caps.filter_boundary_tolerance) go to `excused`."""
-    sp, tol, n = DIST_CONFIGS[config], caps.filter_boundary_tolerance, caps.truncated_laws
+    """The runs' observations, summarised; zero-probability tokens within the
+    precision rule's filter margin of a boundary (laws.precision) go to `excused`."""
+    sp, tol, n = DIST_CONFIGS[config], precision(caps).filter_margin, caps.truncated_laws
     out, memo = [], {} if memo is None else memo
     for r, (prompt, res) in enumerate(runs):
         key = (config, id(res))
@@ -113,26 +117,57 @@ def _proposed_at(caps, config, runs, memo) -> np.ndarray:
     return np.asarray(out, dtype=bool)
 
 
+def _boundary(backend, caps, config, runs, excused, alpha):
+    """DIST-ZERO's count of boundary tokens against the boundary mass of every
+    emitted position (stats.boundary_excess): a float runtime flips boundary
+    decisions now and then; a sampler that favours those tokens emits more."""
+    sp, tol = DIST_CONFIGS[config], precision(caps).filter_margin
+    raw_sp = sp.model_copy(update={"top_k": None, "top_p": None, "min_p": None})
+    own = {(f["generation"], f["position"]): f["token"] for f in excused}
+    masses = []
+    for r, (prompt, res) in enumerate(runs):
+        raws, laws = backend.target_distributions(prompt, res.tokens, raw_sp), backend.target_distributions(prompt, res.tokens, sp)
+        for i, (raw, law) in enumerate(zip(raws, laws, strict=True)):
+            m = boundary_mass(raw, law, sp, tol)
+            if (r, i) in own:  # at least the excused token's own share, however its margin was rounded
+                raw, t = np.asarray(raw, dtype=np.float64), own[(r, i)]
+                m = max(m, float(raw[t] / (raw[np.asarray(law) > 0].sum() + raw[t])))
+            masses.append(m)
+    return boundary_excess(len(excused), masses, alpha)
+
+
 @pytest.mark.contract("DIST-ZERO")
 @pytest.mark.parametrize("config", list(DIST_CONFIGS))
 def test_no_token_outside_the_target_support(mtp_backend, mtp_capabilities, samples, observed, mtp_record, config):
-    excused = []
-    obs = _obs(mtp_backend, mtp_capabilities, config, samples(config), excused, observed)
-    if excused:
-        mtp_record(config=config, boundary_flips_excused=excused,
-                   filter_boundary_tolerance=mtp_capabilities.filter_boundary_tolerance)
-    n = mtp_capabilities.truncated_laws  # top-N laws: only provable zeros count
+    caps, runs, excused = mtp_capabilities, samples(config), []
+    obs = _obs(mtp_backend, caps, config, runs, excused, observed)
+    n = caps.truncated_laws  # top-N laws: only provable zeros count
+    alpha = subtest_alpha("test_no_token_outside_the_target_support")
 
     def zeros(obs):
         return truncated_zero_probability_violations(obs, n) if n else zero_probability_violations(obs)
 
-    bad = zeros(obs)
-    if bad:  # the same requests on the plain path name the side: exact, as the clause
-        plain = zeros(_obs(mtp_backend, mtp_capabilities, config, samples(config, plain=True), [], observed))
-        side = "both" if plain else "speculative"
-        mtp_record(config=config, deviating_side=side, plain_zero_probability_tokens=len(plain))
+    bad, edge = zeros(obs), None
+    if excused:  # boundary tokens: counted, never more than the boundary mass allows
+        edge = _boundary(mtp_backend, caps, config, runs, excused, alpha)
+        mtp_record(config=config, boundary_tokens=len(excused), boundary_tokens_listed=excused[:20],
+                   boundary=edge.as_dict(), precision=precision(caps).evidence())
+    if not bad and (edge is None or edge.passed):
+        return
+    # the same requests on the plain path name the side: exact for zeros, at SIDE_ALPHA for the count
+    plain_runs, plain_excused = samples(config, plain=True), []
+    plain = zeros(_obs(mtp_backend, caps, config, plain_runs, plain_excused, observed))
+    plain_edge = _boundary(mtp_backend, caps, config, plain_runs, plain_excused, SIDE_ALPHA) if plain_excused else None
+    side = "both" if plain or (not bad and plain_edge is not None and not plain_edge.passed) else "speculative"
+    mtp_record(config=config, deviating_side=side, plain_zero_probability_tokens=len(plain),
+               plain_boundary=plain_edge.as_dict() if plain_edge else None)
+    if bad:
         pytest.fail(f"{SIDE_WORDS[side]}: {len(bad)} of {len(obs)} emitted tokens have target probability 0 (first at "
-                    f"observation {bad[0]}); the same requests with speculation off emit {len(plain)}")
+                    f"observation {bad[0]}), beyond the precision rule's filter margin; the same requests with "
+                    f"speculation off emit {len(plain)}")
+    pytest.fail(f"{SIDE_WORDS[side]}: {edge.note} (p={edge.p_value:.3g} < alpha={alpha:.2g}): boundary tokens are "
+                f"emitted more often than keeping all of them would; speculation off: "
+                f"{plain_edge.note if plain_edge else 'no boundary token'}")
 
 
 @pytest.mark.contract("DIST-EQUIV")

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.laws.precision import precision
 from mtpcheck.machinery.checks import divergence_mechanism, first_divergence, top2_logit_gap
 from mtpcheck.machinery.configs import request, spec_for
 
@@ -24,7 +25,7 @@ def _side(law, spec_token, plain_token) -> str | None:
 def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_record, depth):
     if depth > mtp_capabilities.max_depth:
         pytest.skip(f"backend max depth {mtp_capabilities.max_depth}")
-    excused = []
+    excused, rule = [], precision(mtp_capabilities)
     for name, prompt in mtp_fixture.items():
         plain = mtp_backend.generate(request(prompt, mtp_profile.greedy_tokens, GREEDY, False, stop_token_ids=[]))
         spec = mtp_backend.generate(request(prompt, mtp_profile.greedy_tokens, GREEDY, spec_for(mtp_capabilities, depth),
@@ -32,16 +33,17 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
         i = first_divergence(spec.tokens, plain.tokens)
         if i is None:
             continue
-        gap, tolerance = None, mtp_capabilities.near_tie_logit_gap
+        gap, tolerance = None, rule.logit_gap
         if mtp_capabilities.target_distributions:
             laws = mtp_backend.target_distributions(prompt, plain.tokens[: i + 1], SamplingParams(temperature=1.0))
             gap = top2_logit_gap(np.asarray(laws[i]))
         evidence = dict(prompt=name, depth=depth, position=i, plain=plain.tokens[i:i + 3], spec=spec.tokens[i:i + 3],
-                        top2_logit_gap=gap, near_tie_logit_gap=tolerance,
+                        top2_logit_gap=gap, logit_gap_tolerance=tolerance,
+                        top2_gap_ulps=None if gap is None else rule.ulps(gap),
                         where=divergence_mechanism(spec, i, mtp_capabilities.first_token_from_prefill))
         if gap is None or gap >= tolerance:
             why = ("no target_distributions to read the gap from" if gap is None
-                   else f"top-2 logit gap {gap:.4g} nats >= near_tie_logit_gap {tolerance:g}")
+                   else f"top-2 logit gap {gap:.4g} nats ({rule.ulps(gap):.3g} ulps) >= {rule.describe()}")
             s_tok, p_tok = (out.tokens[i] if i < len(out.tokens) else "(end)" for out in (spec, plain))
             side = _side(np.asarray(laws[i]) if gap is not None else None, s_tok, p_tok)
             mtp_record(divergence=evidence, deviating_side=side)
@@ -51,4 +53,4 @@ def test_greedy_speculative_equals_plain(mtp_backend, mtp_capabilities, mtp_fixt
         mtp_record(divergence=evidence)
         excused.append(evidence)
     if excused:
-        mtp_record(excused_near_ties=len(excused))
+        mtp_record(excused_near_ties=len(excused), precision=rule.evidence())

@@ -2,6 +2,7 @@ import pytest
 
 from mtpcheck.contracts import SamplingParams, SpeculationUnavailableError
 from mtpcheck.laws.greedy_contract import PathCheck, deviating_side
+from mtpcheck.laws.precision import precision
 from mtpcheck.machinery.checks import honesty_problems
 from mtpcheck.machinery.configs import request, spec_for
 from mtpcheck.machinery.contract_logits import base_logits, missing_truth, penalised, truth_source
@@ -80,7 +81,7 @@ def _side_of(backend, caps, prompt, sp, on, off) -> tuple[str | None, str]:
     for path, res in (("speculative", on), ("plain", off)):
         checks[path].add(penalised(base_logits(backend, caps, prompt, res.tokens), sp, prompt, res.tokens,
                                    penalty_history=caps.penalty_history),
-                         res.tokens, caps.near_tie_logit_gap)
+                         res.tokens, precision(caps).logit_gap)
     words = f"{checks['speculative'].summary()}; {checks['plain'].summary()}, against {truth_source(caps)}"
     return deviating_side(checks["speculative"], checks["plain"]), words
 

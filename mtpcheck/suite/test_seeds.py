@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import SamplingParams
+from mtpcheck.laws.precision import precision
 from mtpcheck.machinery.checks import first_divergence, flip_excused, seeded_flip, traced_uniform
 from mtpcheck.machinery.configs import request, spec_for
 
@@ -39,8 +40,9 @@ def test_seeded_speculative_equals_seeded_plain(mtp_backend, mtp_capabilities, m
                         f"equal up to there ({where})")
         a, b = plain.tokens[j], spec.tokens[j]
         head = f"position {j}: speculative token {b} != plain token {a} ({where})"
-        if not caps.target_distributions or caps.seed_cdf_tolerance <= 0:
-            pytest.fail(f"{head}; no float flip is excused (seed_cdf_tolerance={caps.seed_cdf_tolerance:g}, "
+        tolerance = precision(caps).cdf
+        if not caps.target_distributions or tolerance <= 0:
+            pytest.fail(f"{head}; no float flip is excused (CDF tolerance {tolerance:.3g}, "
                         f"target_distributions={caps.target_distributions})")
         # the law along the plain path, one token at a time (both paths agree before j)
         law = np.asarray(mtp_backend.target_distributions(prompt, plain.tokens[: j + 1], sp)[j])
@@ -49,7 +51,7 @@ def test_seeded_speculative_equals_seeded_plain(mtp_backend, mtp_capabilities, m
             traced = mtp_backend.generate(request(prompt, 32, sp, spec_for(caps, depth), trace=True))
             u = traced_uniform(traced, len(prompt), j) if traced.tokens == spec.tokens else None
         flip = seeded_flip(law, a, b, u)
-        ok, why = flip_excused(flip, caps.seed_cdf_tolerance)
+        ok, why = flip_excused(flip, tolerance)
         evidence = dict(prompt=name, depth=depth, seed=sp.seed, position=j, **flip, excused=ok)
         mtp_record(seeded_divergence=evidence)
         if not ok:
