@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mtpcheck.contracts import OutputConstraint, SamplingParams
+from mtpcheck.laws.precision import precision
 from mtpcheck.laws.stats import rank_gtest
 from mtpcheck.machinery.configs import CONSTRAINT_PATHS, request, seeded, spec_for, subtest_alpha
 from mtpcheck.machinery.grammar import choice_dfa, output_path, path_law
@@ -61,25 +62,27 @@ def test_outputs_belong_to_the_language(mtp_backend, mtp_capabilities, mtp_fixtu
         res = mtp_backend.generate(req)
         outputs[name] = res.tokens
         problems += [f"{name}: {p}" for p in _language_problems(mtp_backend, mtp_capabilities, res, constraint)]
-    want, margin = None, None
+    want, gap, tol = None, None, precision(mtp_capabilities).logit_gap
     if not mtp_capabilities.truncated_laws:  # top-N rows cannot say where the mask leaves the argmax
-        want, margin = _masked_argmax_path(mtp_backend, prompt, dfa)
+        want, gap = _masked_argmax_path(mtp_backend, prompt, dfa)
         for name in ("greedy, speculative", "greedy, plain"):
             got = list(output_path(outputs[name], mtp_capabilities.eos_token_ids))
-            if got != want and margin > 1e-4:  # a near tie under the mask may flip either way
-                problems.append(f"{name}: output {got} is not the target's masked argmax path {want}")
-    mtp_record(choice=constraint.choice, outputs=outputs, greedy_path=want, greedy_margin=margin)
+            if got != want and gap >= tol:  # a near tie under the mask may flip either way
+                problems.append(f"{name}: output {got} is not the target's masked argmax path {want} (smallest "
+                                f"top-2 logit gap on it {gap:.3g} nats, beyond the precision rule's {tol:.3g})")
+    mtp_record(choice=constraint.choice, outputs=outputs, greedy_path=want, greedy_top2_logit_gap=gap,
+               logit_gap_tolerance=tol)
     assert not problems, "outputs under a request constraint leave its language: " + "; ".join(problems[:4])
 
 
 def _masked_argmax_path(backend, prompt, dfa) -> tuple[list[int], float]:
     """Greedy under the constraint: the target's masked argmax path, step by
-    step, and the smallest top-2 probability margin along it."""
+    step, and the smallest top-2 logit gap log(p1/p2) along it."""
     want, state, margins = [], dfa.start, []
     for _ in range(MAX_TOKENS):  # the argmax of the temperature-1 law is greedy's token
         law = backend.target_distributions(prompt, [*want, 0], SAMPLED)[-1] * dfa.allowed(state)
         top = np.sort(law)[::-1]
-        margins.append(float(top[0] - top[1]) if len(top) > 1 else 1.0)
+        margins.append(float(np.log(top[0] / top[1])) if len(top) > 1 and top[1] > 0 else np.inf)
         t = int(np.argmax(law))
         if t in dfa.end_ids and dfa.complete(state):
             break
