@@ -37,6 +37,30 @@ PENALTY_CONTROLS = ["repetition_penalty", "presence_penalty", "frequency_penalty
 GUARD_DOC = ("guard=on: requests with controls the library mishandles with speculation run unaccelerated "
              "(used=False, reason sampling_control_unsupported); off (default): passed to the library as is")
 
+MLX_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def cast(dtype: str, *models) -> None:
+    """Option dtype=: every MLX model's parameters cast to that dtype (the precision its logits then have)."""
+    if dtype not in MLX_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(MLX_DTYPES)}")
+    import mlx.core as mx
+
+    for m in models:
+        m.set_dtype(getattr(mx, dtype))
+
+
+def dtype_name(model) -> str:
+    """The dtype of an MLX model's floating-point weights: the precision of its logits."""
+    from mlx.utils import tree_flatten
+
+    kinds = {str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())}
+    for name in ("bfloat16", "float16"):  # the fewest mantissa bits win: the logits round there
+        if name in kinds:
+            return name
+    return "float32"
+
+
 def real_fixture_dir(name: str) -> Path:
     """A shipped real-library fixture folder (``mtpcheck/fixture/real/<name>``)."""
     from mtpcheck.fixture import REAL_DIR

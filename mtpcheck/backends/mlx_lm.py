@@ -47,11 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from mtpcheck.backends._library import (
+    MLX_DTYPES,
     DecodePathLogprobs,
     LibraryBackend,
+    cast,
     composed_sampler,
     context_limit,
     drive_chunks,
+    dtype_name,
     library_sampling,
     library_version,
     penalty_processors,
@@ -118,6 +121,7 @@ class MlxLmBackend(LibraryBackend):
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter="assistant",
                                           num_draft_tokens=depth)
         self.version = library_version("mlx-lm")
+        self.logit_dtype = dtype_name(model)
         from mlx_lm.models.cache import make_prompt_cache
 
         self.truth = DecodePathLogprobs(lambda x, cache: model(x, cache=cache), lambda: make_prompt_cache(model))
@@ -139,7 +143,7 @@ class MlxLmBackend(LibraryBackend):
             target_distributions=True,
             raw_logits=True,  # target_logits: the decode path's float16 logits
             checkpoint_evidence=True,
-            logit_dtype="float16",  # a multi-token verification may round them differently from a one-token step
+            logit_dtype=self.logit_dtype,  # the weights': verification and one-token steps round differently
             logprobs=False,
             traces=False,
             text=True,
@@ -220,6 +224,7 @@ def load_mlx_lm(
     speculation: str | bool = True,
     guard: str | bool = False,
     context_length: int | str | None = None,
+    dtype: str | None = None,
 ) -> MlxLmBackend:
     """Load an mlx-lm target and its draft model (default: the shipped fixture
     ``mtpcheck/fixture/real/mlx_lm``: ``target/`` and ``draft/``).
@@ -228,18 +233,24 @@ def load_mlx_lm(
     and draft/), target, draft, depth (default 3), speculation (on|off: the
     loaded default), guard (off|on, default off:
     :data:`~mtpcheck.backends._library.GUARD_DOC`), context_length (most prompt
-    tokens; default the target's max_position_embeddings)."""
+    tokens; default the target's max_position_embeddings), dtype (float16,
+    bfloat16 or float32: both models cast to it; default as stored, float16 for
+    the fixture)."""
     require_library("mlx_lm", EXTRA)
     from mlx_lm import load
 
     from mtpcheck.inspect import check_pair
 
+    if dtype is not None and dtype not in MLX_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(MLX_DTYPES)}")
     base = Path(path) if path else fixture_dir()
     target_path = Path(target) if target else base / "target"
     draft_path = Path(draft) if draft else base / "draft"
     check_pair(target_path, draft_path)  # AssistantMismatchError: vocabulary or tokenizer differ
     model, tokenizer = load(str(target_path))
     draft_model, _ = load(str(draft_path))
+    if dtype is not None:
+        cast(dtype, model, draft_model)
     vocab = int(model.args.vocab_size)
     eos = sorted(int(e) for e in getattr(tokenizer, "eos_token_ids", []) or [])
     if not eos and getattr(model.args, "eos_token_id", None) is not None:

@@ -91,6 +91,7 @@ from mtpcheck.contracts import (
 MAX_DEPTH = 8
 EXTRA = "transformers"
 CONFIGS = ("assistant", "prompt_lookup")
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
 UNSUPPORTED = ["presence_penalty", "frequency_penalty"]
 CANCEL_WAIT_S = 120.0  # a closed stream waits this long for its generation to stop (one round, normally)
 
@@ -230,6 +231,7 @@ class TransformersBackend(LibraryBackend):
                  confidence_threshold: float, ngram: int | None, pad_id: int):
         self.model, self.tokenizer, self.assistant, self.pad_id = model, tokenizer, assistant, pad_id
         self.config, self.target_path, self.draft_path = config, target_path, draft_path
+        self.logit_dtype = str(model.dtype).removeprefix("torch.")
         self.vocab_size, self.eos_ids, self.context = int(model.config.vocab_size), eos_ids, context
         self.confidence_threshold, self.ngram = confidence_threshold, ngram
         self.own = "assistant" if config == "assistant" else "prompt_lookup"
@@ -263,7 +265,7 @@ class TransformersBackend(LibraryBackend):
             target_distributions=True,
             raw_logits=True,
             checkpoint_evidence=True,
-            logit_dtype="float32",
+            logit_dtype=self.logit_dtype,
             logprobs=True,
             text=True,
             streaming=True,  # generate_stream: the library's streamer, one put per round, through the stop matcher
@@ -460,6 +462,7 @@ def load_transformers(
     ngram: int | str | None = None,
     threads: int | str = 1,
     context_length: int | str | None = None,
+    dtype: str = "float32",
 ) -> TransformersBackend:
     """Load an HF llama target (and its assistant) from local folders, float32
     (default: the shipped fixture ``mtpcheck/fixture/real/mlx_lm``: ``target/``
@@ -473,9 +476,12 @@ def load_transformers(
     drafts min(depth, room); the library's own default is 0.4), ngram
     (prompt lookup's max_matching_ngram_size; default the library's, 2), threads
     (torch.set_num_threads, default 1), context_length (most prompt tokens;
-    default the target's max_position_embeddings)."""
+    default the target's max_position_embeddings), dtype (float32, bfloat16 or
+    float16: both models load in it, and the adapter declares it)."""
     if config not in CONFIGS:
         raise ValueError(f"config={config!r}: expected one of {', '.join(CONFIGS)}")
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(TORCH_DTYPES)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch = require_library("torch", EXTRA)
     require_library("transformers", EXTRA)
@@ -492,7 +498,7 @@ def load_transformers(
         from mtpcheck.inspect import check_pair
 
         check_pair(target_path, draft_path)  # AssistantMismatchError: vocabulary or tokenizer differ
-    model = LlamaForCausalLM.from_pretrained(str(target_path), dtype=torch.float32, local_files_only=True).eval()
+    model = LlamaForCausalLM.from_pretrained(str(target_path), dtype=getattr(torch, dtype), local_files_only=True).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(target_path), local_files_only=True)
     eos = model.config.eos_token_id
     eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])})
@@ -502,7 +508,7 @@ def load_transformers(
     model.generation_config.pad_token_id = pad
     assistant = None
     if draft_path is not None:
-        assistant = LlamaForCausalLM.from_pretrained(str(draft_path), dtype=torch.float32,
+        assistant = LlamaForCausalLM.from_pretrained(str(draft_path), dtype=getattr(torch, dtype),
                                                      local_files_only=True).eval()
         assistant.generation_config.eos_token_id = None
         assistant.generation_config.pad_token_id = pad
