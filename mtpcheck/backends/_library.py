@@ -48,6 +48,7 @@ def cast(dtype: str, *models) -> None:
 
     for m in models:
         m.set_dtype(getattr(mx, dtype))
+        mx.eval(m.parameters())  # now: a lazy cast evaluated on the watchdog's thread has no stream there
 
 
 def dtype_name(model) -> str:
