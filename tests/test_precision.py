@@ -156,3 +156,17 @@ def test_dist_zero_counts_tied_tokens_and_fails_a_sampler_that_favours_them(pyte
     if outcome == "failed":
         assert "boundary tokens are emitted more often than keeping all of them would" in row["notes"][0]
         assert ev["boundary"]["p_value"] < ev["boundary"]["alpha"]
+
+
+def test_a_swap_with_the_crossing_token_is_a_boundary_token():
+    """Two near-tied tokens of large mass at the top-p cut: one ulp decides
+    which is kept. The dropped one has a whole token's mass above the cut
+    (a mass margin of 0.26), but it is within a ratio of 1.0001 of the
+    crossing token it would replace - a boundary token for a float runtime,
+    found by the half-precision calibration (docs/calibration-half.md)."""
+    raw = np.array([0.5, 0.2, 0.20002, 0.09998])
+    sp = SamplingParams(temperature=1.0, top_p=0.6)  # keeps 0 and the crossing token 2 (0.20002 > 0.2)
+    assert filter_margin(raw, 1, sp) == pytest.approx(1e-4, rel=1e-3)
+    assert filter_margins(raw, sp)[1] == pytest.approx(1e-4, rel=1e-3)
+    assert filter_margin(raw, 3, sp) == pytest.approx(0.5, rel=1e-3)  # 0.9 above the cut at 0.6: no float flip
+    assert rule("float32").filter_margin > 1e-4 > rule("float64").filter_margin

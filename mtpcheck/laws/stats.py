@@ -302,22 +302,26 @@ def zero_probability_violations(obs: Observations | LawSummary) -> list[int]:
 def filter_margin(raw: np.ndarray, token: int, sp) -> float:
     """How far `token` is from surviving sp's filters, relative: 0 when it
     survives, else the largest relative shortfall over top-k (its
-    probability below the k-th), top-p (the mass ranked above it beyond
-    top_p) and min-p (its probability below min_p * max), applied in the
-    engine's order to `raw`, the law at temperature only (filters off), with
-    the token kept through each. inf when raw gives it probability 0."""
+    probability below the k-th), top-p (the smaller of: the mass ranked
+    above it beyond top_p, and its probability below the crossing token's,
+    which it replaces by overtaking it) and min-p (its probability below
+    min_p * max), applied in the engine's order to `raw`, the law at
+    temperature only (filters off), with the token kept through each. inf
+    when raw gives it probability 0."""
     p = np.asarray(raw, dtype=np.float64).copy()
     if not 0 <= token < len(p) or p[token] <= 0:
         return math.inf
-    worst = 0.0
+    worst, kept = 0.0, p > 0
     if sp.top_k is not None and sp.top_k < len(p):
         kth = np.sort(p)[-sp.top_k]
         worst = max(worst, (kth - p[token]) / kth)
-        p = np.where((p >= kth) | (np.arange(len(p)) == token), p, 0.0)
+        kept = p >= kth
+        p = np.where(kept | (np.arange(len(p)) == token), p, 0.0)
         p /= p.sum()
     if sp.top_p is not None and sp.top_p < 1.0:
         above = p[p > p[token]].sum()  # the crossing token is kept: it survives while above < top_p
-        worst = max(worst, (above - sp.top_p) / sp.top_p)
+        crossing = _crossing(np.asarray(raw, dtype=np.float64)[kept], sp.top_p)
+        worst = max(worst, min((above - sp.top_p) / sp.top_p, crossing / float(raw[token]) - 1.0))
         order = np.argsort(-p, kind="stable")
         keep = order[: int(np.searchsorted(np.cumsum(p[order]), sp.top_p - 1e-12, side="left")) + 1]
         mask = np.zeros(len(p), dtype=bool)
@@ -329,6 +333,12 @@ def filter_margin(raw: np.ndarray, token: int, sp) -> float:
         thr = sp.min_p * p.max()
         worst = max(worst, (thr - p[token]) / thr)
     return max(worst, 0.0)
+
+
+def _crossing(kept: np.ndarray, top_p: float) -> float:
+    """The smallest probability top-p keeps of `kept` (unnormalised): the crossing token's."""
+    desc = np.sort(kept)[::-1]
+    return float(desc[min(int(np.searchsorted(np.cumsum(desc) / desc.sum(), top_p - 1e-12)), len(desc) - 1)])
 
 
 def filter_margins(raw: np.ndarray, sp) -> np.ndarray:
@@ -347,7 +357,9 @@ def filter_margins(raw: np.ndarray, sp) -> np.ndarray:
         asc = np.sort(p[keep])
         at_or_below = np.concatenate([[0.0], np.cumsum(asc)])[np.searchsorted(asc, p, side="right")]
         norm = asc.sum() + np.where(keep, 0.0, p)  # the token itself, when top-k dropped it
-        worst = np.maximum(worst, ((asc.sum() - at_or_below) / norm - sp.top_p) / sp.top_p)
+        with np.errstate(divide="ignore"):
+            overtake = _crossing(p[keep], sp.top_p) / p - 1.0  # a token that overtakes the crossing one is kept
+        worst = np.maximum(worst, np.minimum(((asc.sum() - at_or_below) / norm - sp.top_p) / sp.top_p, overtake))
     if sp.min_p is not None and sp.min_p > 0.0:
         thr = sp.min_p * p.max()
         worst = np.maximum(worst, (thr - p) / thr)
