@@ -65,6 +65,7 @@ from mtpcheck.backends._library import (  # noqa: F401  (re-exported: the names 
     context_limit,
     drive,
     drive_chunks,
+    dtype_name,
     library_sampling,
     library_version,
     penalty_processors,
@@ -136,7 +137,7 @@ class MlxVlmBackend(LibraryBackend):
             streaming=True,  # generate_stream: the same token generator as generate(), chunked by the stop matcher
             **self.declared_context(),
             checkpoint_evidence=self.native,
-            logit_dtype="float16",  # a multi-token verification may round them differently from a one-token step
+            logit_dtype=dtype_name(self.model),  # the weights': verification and one-token steps round differently
             notes=(f"qwen3_5_mtp head {self.head_source}, default depth {self.default.num_draft_tokens}; "
                    "position-addressed target "
                    "sampling is mlx-vlm's seeded sampler (temperature/top-k/top-p); with min-p mlx-vlm samples "

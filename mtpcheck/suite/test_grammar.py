@@ -12,6 +12,7 @@ import pytest
 from mtpcheck.contracts import OutputConstraint, SamplingParams
 from mtpcheck.laws.precision import precision
 from mtpcheck.laws.stats import rank_gtest
+from mtpcheck.machinery.checks import top2_logit_gap
 from mtpcheck.machinery.configs import CONSTRAINT_PATHS, request, seeded, spec_for, subtest_alpha
 from mtpcheck.machinery.grammar import choice_dfa, output_path, path_law
 
@@ -81,8 +82,7 @@ def _masked_argmax_path(backend, prompt, dfa) -> tuple[list[int], float]:
     want, state, margins = [], dfa.start, []
     for _ in range(MAX_TOKENS):  # the argmax of the temperature-1 law is greedy's token
         law = backend.target_distributions(prompt, [*want, 0], SAMPLED)[-1] * dfa.allowed(state)
-        top = np.sort(law)[::-1]
-        margins.append(float(np.log(top[0] / top[1])) if len(top) > 1 and top[1] > 0 else np.inf)
+        margins.append(top2_logit_gap(law))
         t = int(np.argmax(law))
         if t in dfa.end_ids and dfa.complete(state):
             break

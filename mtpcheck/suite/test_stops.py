@@ -177,9 +177,9 @@ def test_model_eos_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixtur
             unjudged = "not reached" if j is None else "prefill"
             roles[unjudged] = roles.get(unjudged, 0) + 1
             continue
-        where = f"model EOS {plain.tokens[j]} at {j} (prompt {name}, depth {depth}, no stop_token_ids)"
-        inside += _judged_stop(mtp_backend, request(prompt, LONG, GREEDY, spec), j, first,
-                               _ends_at_stop(where, plain.tokens[: j + 1]), roles, mtp_record, plain.tokens[: j + 1])
+        where, want = f"model EOS {plain.tokens[j]} at {j} (prompt {name}, depth {depth}, no stop_token_ids)", plain.tokens[: j + 1]
+        inside += _judged_stop(mtp_backend, request(prompt, LONG, GREEDY, spec), j, first, _ends_at_stop(where, want),
+                               roles, mtp_record, want)
     # exercise evidence: the model's EOS as an accepted proposal, more of its round after it
     mtp_record(eos_roles=roles, eos_inside_accepted_block=inside)
     if sum(n for r, n in roles.items() if r not in ("not reached", "prefill")) == 0:
