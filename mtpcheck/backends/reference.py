@@ -18,6 +18,7 @@ from mtpcheck.contracts import (
 
 SLOTS = 4  # requests generate_batch keeps in flight at once
 LOGIT_DTYPES = ("float32", "float16", "bfloat16")
+TOP_K_TIES = ("exactly_k", "keep_ties")
 
 
 def child_seed(seed: int | None, index: int) -> int:
@@ -80,6 +81,7 @@ class ReferenceBackend:
             concurrent=True,
             parallel_samples=True,
             logit_dtype=self.logit_dtype,
+            top_k_ties=self.engine.top_k_ties,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 
@@ -159,8 +161,8 @@ class ReferenceBackend:
 
         rows = self.target_logits(prompt, continuation)
         seq = list(prompt) + list(continuation)
-        return np.stack([process(rows[i], sampling, seq[: len(prompt) + i]) for i in range(len(continuation))]) \
-            if len(continuation) else rows
+        return np.stack([process(rows[i], sampling, seq[: len(prompt) + i], self.engine.top_k_ties)
+                         for i in range(len(continuation))]) if len(continuation) else rows
 
     def draft_distributions(self, request, tokens, accept_lens, draft_lens) -> np.ndarray:
         """The proposal law, replayed on the engine's models with clean drafters (mtpcheck.engine.replay)."""
@@ -188,6 +190,7 @@ def load_reference(
     fixture: str | Path | None = None,
     logits: str = "float32",
     jitter: int | str = 0,
+    top_k_ties: str = "exactly_k",
 ) -> ReferenceBackend:
     """fixture: a folder, "tiny" (default: the reference fixture, target/ +
     assistant/), "mlx-vlm" (mlx-vlm's Qwen3.5 fixture, target/ + mtp/, decoded
@@ -197,9 +200,13 @@ def load_reference(
     on every path (verify, plain, ground truth): a correct half-precision
     runtime, declared as such, for calibrating the precision rule; jitter=n
     moves each of its logits by up to n ulps by its row in the forward chunk,
-    so the verify, plain and teacher-forced paths disagree as batched kernels do."""
+    so the verify, plain and teacher-forced paths disagree as batched kernels do.
+    top_k_ties: exactly_k (default) or keep_ties, the target's top-k convention,
+    declared as such (Capabilities.top_k_ties)."""
     if logits not in LOGIT_DTYPES:
         raise ValueError(f"logits={logits!r}: expected one of {', '.join(LOGIT_DTYPES)}")
+    if top_k_ties not in TOP_K_TIES:
+        raise ValueError(f"top_k_ties={top_k_ties!r}: expected one of {', '.join(TOP_K_TIES)}")
     from mtpcheck.fixture import FIXTURE_DIR, REAL_DIR
     from mtpcheck.inspect import check_pair
 
@@ -209,9 +216,9 @@ def load_reference(
     if (logits != "float32" or int(jitter)) and ((folder / "mtp").is_dir() or (folder / "config.json").is_file()):
         raise ValueError(f"logits={logits}: the rounded stand-in runs the reference's own fixture models, not {folder}")
     if (folder / "mtp").is_dir():  # mlx-vlm layout: target/ + separate head mtp/
-        return _load_qwen35(folder / "target", folder / "mtp", acceptance, spec)
+        return _load_qwen35(folder / "target", folder / "mtp", acceptance, spec, top_k_ties)
     if (folder / "config.json").is_file():  # one checkpoint with an embedded head
-        return _load_qwen35(folder, folder, acceptance, spec)
+        return _load_qwen35(folder, folder, acceptance, spec, top_k_ties)
     # seed 000: an external assistant is validated against the target's
     # tokenizer and vocabulary at load; a mismatch raises AssistantMismatchError
     check_pair(folder / "target", folder / "assistant", strict=True)
@@ -224,7 +231,7 @@ def load_reference(
 
         target.logit_dtype, target.logit_jitter = getattr(mx, logits), int(jitter)
     engine = Engine(target, assistant, tokenizer=tokenizer, eos_ids=(meta["tokenizer"]["eos_id"],),
-                    acceptance=acceptance, default_speculation=spec)
+                    acceptance=acceptance, default_speculation=spec, top_k_ties=top_k_ties)
     return ReferenceBackend(engine, {"target": folder / "target", "assistant": folder / "assistant"},
                             context_length=context_length(folder / "target"), logit_dtype=logits)
 
@@ -246,7 +253,8 @@ def context_length(folder: Path) -> int | None:
     return None
 
 
-def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationRequest) -> ReferenceBackend:
+def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationRequest,
+                 top_k_ties: str = "exactly_k") -> ReferenceBackend:
     """The reference engine over an mlx-vlm Qwen3.5 target and its MTP head
     (a separate folder, or the target folder itself when the head is embedded)."""
     import json
@@ -266,7 +274,7 @@ def _load_qwen35(target: Path, head: Path, acceptance: str, spec: SpeculationReq
     eos = json.loads((target / "config.json").read_text()).get("eos_token_id", [])
     engine = Engine(form, None, tokenizer=load_tokenizer(target),
                     eos_ids=tuple(eos if isinstance(eos, list) else [eos]), acceptance=acceptance,
-                    default_speculation=spec)
+                    default_speculation=spec, top_k_ties=top_k_ties)
     # embedded-head evidence (CAP-HONESTY) exists only when the target checkpoint carries the head
     return ReferenceBackend(engine, {"target": target} if target.resolve() == head.resolve() else None,
                             context_length=context_length(target))

@@ -262,6 +262,7 @@ class TransformersBackend(LibraryBackend):
             speculative_sampling_controls=["temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty",
                                            "logit_bias"],
             unsupported_controls=list(UNSUPPORTED),
+            top_k_ties="keep_ties",  # TopKLogitsWarper removes only scores below the k-th: ties survive
             target_distributions=True,
             raw_logits=True,
             checkpoint_evidence=True,

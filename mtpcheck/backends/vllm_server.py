@@ -311,6 +311,7 @@ class VllmBackend(ServerTruth):
             speculative_sampling_controls=["temperature", *([] if self.top_k_guard else ["top_k"]), "top_p", "seed",
                                            "repetition_penalty", "presence_penalty", "frequency_penalty"],
             penalty_history="output_only",  # OpenAI's presence / frequency penalties: sampled tokens only
+            top_k_ties="keep_ties",  # its top-k masks logits below the k-th: ties survive
             target_distributions=True,
             logprobs=True,
             generate_batch=True,

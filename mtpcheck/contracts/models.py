@@ -329,6 +329,16 @@ class Capabilities(_Strict):
         " the runtime against the convention it declares; a runtime that matches neither fails them."
         " repetition_penalty counts prompt and output under both",
     )
+    top_k_ties: Literal["exactly_k", "keep_ties"] = Field(
+        "exactly_k",
+        description="Which tokens top-k keeps when several tie with the k-th most probable, a convention runtimes"
+        " legitimately differ on: exactly_k (k tokens: a sort or partial sort; the reference, mlx-lm, llama.cpp,"
+        " OpenVINO GenAI) or keep_ties (every token at least as probable as the k-th: a threshold, as Hugging"
+        " Face's TopKLogitsWarper and vLLM). Ground truth (target_distributions) follows the declaration. Which"
+        " tied token survives exactly_k, and ties with the top-p crossing token, stay with the precision rule: a"
+        " float runtime's passes break exact ties at random, so such a token is a boundary token (margin 0),"
+        " counted against the boundary mass",
+    )
     near_tie_logit_gap: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Leave unset: GREEDY-EQUIV and every greedy exact check excuse a divergence only where the"

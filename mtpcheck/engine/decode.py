@@ -63,8 +63,10 @@ class Engine:
         eos_ids: tuple[int, ...] = (),
         acceptance: str = "rejection",
         default_speculation: SpeculationRequest | None = None,
+        top_k_ties: str = "exactly_k",
     ):
         self.target, self.assistant, self.tokenizer = target, assistant, tokenizer
+        self.top_k_ties = top_k_ties  # the target law's top-k convention (Capabilities.top_k_ties)
         self.eos_ids = tuple(eos_ids)
         self.rule = get_rule(acceptance)
         self.default_speculation = default_speculation or SpeculationRequest(
@@ -230,7 +232,7 @@ class Engine:
     # -- seams: the engine's own steps, where mtpcheck.mutants puts its bugs -----
     def target_law(self, logits: np.ndarray, sp, history: list[int]) -> np.ndarray:
         """The target's processed law from one row of logits [V] (prefill and verification)."""
-        return process(logits, sp, history)
+        return process(logits, sp, history, self.top_k_ties)
 
     def target_pass(self, history: list[int], cache: list, block: DraftBlock, sp, cursor: Cursor):
         """The verification pass: (ps [k+1, V], hidden [k+1, D]) for [pending, d_1..d_k]."""

@@ -73,8 +73,10 @@ def apply_penalties(logits: np.ndarray, sp: SamplingParams, history: Sequence[in
     return out
 
 
-def process(logits: np.ndarray, sp: SamplingParams, history: Sequence[int] = ()) -> np.ndarray:
-    """logits [V] -> processed distribution [V], float64, sums to 1."""
+def process(logits: np.ndarray, sp: SamplingParams, history: Sequence[int] = (),
+            top_k_ties: str = "exactly_k") -> np.ndarray:
+    """logits [V] -> processed distribution [V], float64, sums to 1.
+    top_k_ties: the declared convention (Capabilities.top_k_ties)."""
     x = np.asarray(logits, dtype=np.float64)
     if sp.logit_bias or sp.speculation_blockers():
         x = apply_penalties(x, sp, history)
@@ -86,9 +88,11 @@ def process(logits: np.ndarray, sp: SamplingParams, history: Sequence[int] = ())
     p = np.exp(z - np.max(z))
     p /= p.sum()
     if sp.top_k is not None and sp.top_k < len(p):
-        # keep the k largest; ties at the boundary broken by lower id (stable sort)
         order = np.argsort(-p, kind="stable")
-        p[order[sp.top_k :]] = 0.0
+        if top_k_ties == "keep_ties":  # a threshold: every token as probable as the k-th survives
+            p[p < p[order[sp.top_k - 1]]] = 0.0
+        else:  # exactly the k largest; ties at the boundary broken by lower id (stable sort)
+            p[order[sp.top_k :]] = 0.0
         p /= p.sum()
     if sp.top_p is not None and sp.top_p < 1.0:
         order = np.argsort(-p, kind="stable")
@@ -103,9 +107,10 @@ def process(logits: np.ndarray, sp: SamplingParams, history: Sequence[int] = ())
     return p
 
 
-def process_rows(logits: np.ndarray, sp: SamplingParams, histories: Sequence[Sequence[int]]) -> np.ndarray:
+def process_rows(logits: np.ndarray, sp: SamplingParams, histories: Sequence[Sequence[int]],
+                 top_k_ties: str = "exactly_k") -> np.ndarray:
     """logits [L, V] with one history per row -> processed [L, V]."""
-    return np.stack([process(row, sp, h) for row, h in zip(logits, histories, strict=True)])
+    return np.stack([process(row, sp, h, top_k_ties) for row, h in zip(logits, histories, strict=True)])
 
 
 def digest(*parts: object) -> str:
