@@ -111,3 +111,43 @@ def test_dist_clauses_judge_the_declared_top_k_convention(pytester, behaves, dec
     assert (rows["DIST-ZERO"]["outcome"], rows["DIST-EQUIV"]["outcome"]) == (zero, equiv), out
     counted = [e.get("boundary_tokens", 0) for e in rows["DIST-ZERO"]["evidence"]]
     assert (sum(counted) > 0) == (behaves == "keep_ties" and declares == "exactly_k"), counted
+
+
+WRAP = '''
+from mtpcheck.backends.reference import load_reference
+
+
+class Declares:
+    """The reference (stop strings matched on text with special tokens), declaring another stop_text."""
+
+    def __init__(self, inner, stop_text):
+        self.inner, self.stop_text = inner, stop_text or None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def capabilities(self):
+        return self.inner.capabilities().model_copy(update={"stop_text": self.stop_text})
+
+
+def load(stop_text=""):
+    return Declares(load_reference(), stop_text)
+'''
+
+
+@pytest.mark.parametrize("declares, outcome", [("special_tokens_kept", "passed"), ("special_tokens_skipped", "failed"),
+                                               ("", "skipped")])
+def test_stop_in_block_judges_the_declared_stop_text(pytester, declares, outcome):
+    pytester.makepyfile(declares=WRAP)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "--mtp-backend=declares:load",
+        f"--mtp-backend-option=stop_text={declares}", "--mtp-clauses=STOP-IN-BLOCK", "-k", "declared_text",
+        f"--mtp-json={report}")
+    row = json.loads(report.read_text())["clauses"]["STOP-IN-BLOCK"]
+    assert row["outcome"] == outcome, result.stdout.str()[-3000:]
+    if outcome == "failed":  # both paths stop inside the EOS text: the runtime's convention, not speculation's
+        assert "behaves as special_tokens_kept" in row["notes"][0]
+        assert row["deviating_sides"] == ["both"]
+    if outcome == "skipped":
+        assert "Capabilities.stop_text" in row["notes"][0]

@@ -147,6 +147,7 @@ class MlxLmBackend(LibraryBackend):
             logprobs=False,
             traces=False,
             text=True,
+            stop_text="special_tokens_kept",  # the project's stop matcher over decode(), special tokens kept
             streaming=True,  # generate_stream: the same token generator as generate(), chunked by the stop matcher
             **self.declared_context(),
             notes=(f"draft model {self.draft_path.name}/, default depth {self.default.num_draft_tokens}; one shared "

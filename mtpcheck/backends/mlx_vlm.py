@@ -134,6 +134,7 @@ class MlxVlmBackend(LibraryBackend):
             logprobs=False,
             traces=False,
             text=True,
+            stop_text="special_tokens_kept",  # the project's stop matcher over decode(), special tokens kept
             streaming=True,  # generate_stream: the same token generator as generate(), chunked by the stop matcher
             **self.declared_context(),
             checkpoint_evidence=self.native,

@@ -82,6 +82,7 @@ class ReferenceBackend:
             parallel_samples=True,
             logit_dtype=self.logit_dtype,
             top_k_ties=self.engine.top_k_ties,
+            stop_text="special_tokens_kept" if e.tokenizer is not None else None,
             notes=f"default drafter {e.default_speculation.drafter}, depth {e.default_speculation.num_draft_tokens}",
         )
 

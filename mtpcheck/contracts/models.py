@@ -339,6 +339,15 @@ class Capabilities(_Strict):
         " float runtime's passes break exact ties at random, so such a token is a boundary token (margin 0),"
         " counted against the boundary mass",
     )
+    stop_text: Literal["special_tokens_kept", "special_tokens_skipped"] | None = Field(
+        None,
+        description="The text stop strings are matched against and a result's text is, a convention runtimes"
+        " legitimately differ on: special_tokens_kept (decode(tokens) with special tokens' text: the reference, the"
+        " mlx adapters' stop matcher) or special_tokens_skipped (the model's EOS text left out, as a detokenizer"
+        " with skip_special_tokens does). Declared, the text rule holds the text to it and STOP-IN-BLOCK aims a"
+        " stop string at the EOS text (no stop_token_ids): kept stops there, skipped runs on. None: undeclared;"
+        " either text is accepted and that test skips, naming this field",
+    )
     near_tie_logit_gap: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Leave unset: GREEDY-EQUIV and every greedy exact check excuse a divergence only where the"

@@ -48,13 +48,16 @@ def text_problem(tokens: list[int], text: str, req: GenerationRequest, caps: Cap
     """The text is the output tokens decoded, stop tokens left out, cut before
     the first stop string. The model's EOS ids may be left out of the text
     even where the request's stop tokens do not name them (a runtime that
-    skips special tokens); an incomplete UTF-8 sequence may be held back at
+    skips special tokens), must be where the backend declares
+    stop_text="special_tokens_skipped", and may not be where it declares
+    "special_tokens_kept"; an incomplete UTF-8 sequence may be held back at
     the end."""
     stops = _stops(req, caps)
     kept = [t for t in tokens if t not in stops]
     try:
-        wants = [decode(kept)]
-        if set(caps.eos_token_ids) - stops and set(kept) & set(caps.eos_token_ids):
+        wants = [] if caps.stop_text == "special_tokens_skipped" else [decode(kept)]
+        if caps.stop_text != "special_tokens_kept" and (
+                not wants or set(caps.eos_token_ids) - stops and set(kept) & set(caps.eos_token_ids)):
             wants.append(decode([t for t in kept if t not in caps.eos_token_ids]))
     except Exception:  # a failing decode() is judged by the clauses that call it
         return None

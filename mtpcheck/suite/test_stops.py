@@ -287,3 +287,48 @@ def test_stop_string_ends_output_exactly(mtp_backend, mtp_capabilities, mtp_fixt
             _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record, plain.tokens)
             checked += 1
     assert checked, "no usable stop string in the fixture outputs"
+
+
+@pytest.mark.contract("STOP-IN-BLOCK")
+@pytest.mark.requires("text")
+def test_stop_string_is_matched_on_the_declared_text(mtp_backend, mtp_capabilities, mtp_fixture, ending_prompts,
+                                                     mtp_record, greedy_outputs):
+    """A stop string aimed inside the model's EOS text ('|endoftext|' of
+    '<|endoftext|>'), with no stop_token_ids, so the EOS alone ends nothing:
+    a runtime that matches stop strings on text with special tokens
+    (declared stop_text="special_tokens_kept") stops at the EOS; one that
+    matches on text without them ("special_tokens_skipped") runs on to its
+    budget. Output that matches the other convention, or neither, fails."""
+    caps, inner = mtp_capabilities, getattr(mtp_backend, "backend", mtp_backend)
+    if caps.stop_text is None:
+        pytest.skip("backend does not declare stop_text (Capabilities.stop_text): text with or without special "
+                    "tokens is accepted, and no stop string is aimed at one")
+    eos, checked = set(caps.eos_token_ids), 0
+    for name, prompt in {**mtp_fixture, **ending_prompts}.items():
+        plain = greedy_outputs.plain(name)
+        j = next((i for i, t in enumerate(plain.tokens) if t in eos), None)
+        if j is None:
+            continue
+        special = inner.decode([plain.tokens[j]])
+        stop, budget = special[1:-1] if len(special) > 2 else special, min(len(plain.tokens), j + 6)
+        skipped = [t for t in plain.tokens[:budget] if t not in eos]
+        if not stop.strip() or stop in inner.decode(plain.tokens[:j]) or stop in inner.decode(skipped):
+            continue  # the stop string is not aimed at the special token alone
+        want = {"special_tokens_kept": (plain.tokens[: j + 1], "stop"),
+                "special_tokens_skipped": (plain.tokens[:budget], "length")}
+
+        def problem(res, name=name, j=j, stop=stop, want=want):
+            got = [k for k, (toks, finish) in want.items() if res.tokens == toks and res.finish_reason == finish]
+            if got == [caps.stop_text]:
+                return None
+            seen = f"behaves as {got[0]}" if got else (f"{len(res.tokens)} tokens, finish_reason "
+                                                       f"{res.finish_reason!r}: neither convention")
+            return (f"stop {stop!r} inside the EOS text at {j} (prompt {name}, no stop_token_ids): {seen}; "
+                    f"declared stop_text={caps.stop_text!r} wants {len(want[caps.stop_text][0])} tokens")
+
+        req = request(prompt, budget, GREEDY, spec_for(caps, 4), stop=[stop], stop_token_ids=[])
+        _judge(mtp_backend, req, mtp_backend.generate(req), problem, mtp_record, plain.tokens[:budget])
+        checked += 1
+    mtp_record(stop_text=caps.stop_text, aimed_at_special_token=checked)
+    if not checked:
+        pytest.skip("no greedy output holds the model's EOS within its 32 tokens: no stop string to aim at it")
