@@ -269,6 +269,7 @@ class TransformersBackend(LibraryBackend):
             logit_dtype=self.logit_dtype,
             logprobs=True,
             text=True,
+            stop_text="special_tokens_kept",  # StopStringCriteria matches the vocabulary's token strings, specials too
             streaming=True,  # generate_stream: the library's streamer, one put per round, through the stop matcher
             **self.declared_context(),
             notes=(f"configuration {self.config}: "

@@ -312,6 +312,7 @@ class VllmBackend(ServerTruth):
                                            "repetition_penalty", "presence_penalty", "frequency_penalty"],
             penalty_history="output_only",  # OpenAI's presence / frequency penalties: sampled tokens only
             top_k_ties="keep_ties",  # its top-k masks logits below the k-th: ties survive
+            stop_text="special_tokens_kept",  # sent skip_special_tokens=False: stop strings see special tokens
             target_distributions=True,
             logprobs=True,
             generate_batch=True,
