@@ -226,3 +226,18 @@ def test_check(mtp_backend):
     (tree.path / "check.txt").write_text("test_check.py::test_check  exercise=none  # acceptance collapsed\n")
     result, data = run(tree, "live", f"--mtp-xfails-file={tree.path / 'check.txt'}")
     assert {n.split("::")[1]: t for n, t in data["tests"].items()}["test_check"]["outcome"] == "failed"
+
+
+def test_constraint_language_owes_accepted_proposals(pytester):
+    """A runtime that rejects every proposal (lossless plain output reported as
+    speculation) passed CONSTRAINT-LANGUAGE's own checks: it now fails as not
+    exercised, on the reference fixture (the toy has no text)."""
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "--mtp-backend=mtpcheck.mutants:load_mutant",
+        "--mtp-backend-option=name=accepts-nothing", "--mtp-backend-option=base=mlx",
+        "--mtp-clauses=CONSTRAINT-LANGUAGE", f"--mtp-json={report}")
+    row = json.loads(report.read_text())["clauses"]["CONSTRAINT-LANGUAGE"]
+    assert row["outcome"] == "failed", result.stdout.str()[-2000:]
+    assert row["notes"][0].startswith("speculation not exercised: 0 of ")
+    assert row["exercise"]["accepted"] == 0 and row["exercise"]["drafted"] > 0
