@@ -66,3 +66,43 @@ def test_a_near_tie_is_excused_and_a_real_disagreement_is_not():
     found = problems(Rows(0.5), caps, [[0]])
     assert len(found) == 1 and "1 of 2 greedy plain tokens are not its argmax (first: position 1, plain token 2, " \
                                "argmax 0, 0.5 nats below it" in found[0]
+
+
+HALVED_TOP_K = '''
+from mtpcheck.backends import load_backend
+
+
+def make():
+    b = load_backend("toy", {})
+    laws = b.target_distributions
+
+    def halved(prompt, continuation, sampling):
+        if sampling.top_k:  # a mapping bug: the adapter's ground truth keeps half the k the runtime keeps
+            sampling = sampling.model_copy(update={"top_k": max(1, sampling.top_k // 2)})
+        return laws(prompt, continuation, sampling)
+
+    b.target_distributions = halved
+    return b
+'''
+
+
+def test_a_filter_mapped_otherwise_is_an_adapter_error(pytester, monkeypatch):
+    """The argmax survives every filter, so the greedy half cannot see a
+    mis-mapped top-k; seeded plain tokens of probability 0 in the ground truth do."""
+    pytester.makepyfile(halved=HALVED_TOP_K)
+    monkeypatch.setenv("PYTHONPATH", f"{pytester.path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    report = pytester.path / "r.json"
+    pytester.runpytest_subprocess("--pyargs", "mtpcheck.suite", "-p", "no:cacheprovider", "--mtp-backend=halved:make",
+                                  "--mtp-clauses=DIST-EQUIV", "-k", "temperature", f"--mtp-json={report}")
+    row = json.loads(report.read_text())["clauses"]["DIST-EQUIV"]
+    assert row["outcome"] == "error"
+    assert "seeded plain tokens under top_k" in row["notes"][0] and "greedy plain tokens" not in row["notes"][0]
+
+
+def test_the_sampled_half_passes_correct_ground_truth():
+    from mtpcheck.backends import load_backend
+    from mtpcheck.fixture import fixture_prompts
+    from mtpcheck.machinery.truth import sampled_problems
+
+    b = load_backend("toy", {})
+    assert sampled_problems(b, b.capabilities(), list(fixture_prompts(b).values())) == []
