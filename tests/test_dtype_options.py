@@ -26,3 +26,13 @@ def test_transformers_declares_the_dtype_it_loads():
     assert load_backend("transformers", {"dtype": "bfloat16"}).capabilities().logit_dtype == "bfloat16"
     with pytest.raises(BackendLoadError, match=r"dtype='half': expected one of float32, bfloat16, float16"):
         load_backend("transformers", {"dtype": "half"})
+
+
+def test_library_adapters_take_a_declared_logit_scale():
+    """A model whose logits exceed 32 declares its bound (the ground-truth check
+    fails a runtime whose raw logits pass the declared one); nonsense is one error."""
+    pytest.importorskip("mlx_lm")
+    assert load_backend("mlx-lm").capabilities().logit_scale == 32.0
+    assert load_backend("mlx-lm", {"logit_scale": "64"}).capabilities().logit_scale == 64.0
+    with pytest.raises(BackendLoadError, match=r"logit_scale='-1': expected a positive number"):
+        load_backend("mlx-lm", {"logit_scale": "-1"})

@@ -298,6 +298,18 @@ def result_of(out, speculation: SpeculationReport, seed: int | None) -> Generati
                             logprobs=None, events=out.events, speculation=speculation, seed=seed)
 
 
+def with_scale(backend, logit_scale: float | str | None):
+    """`backend` declaring `logit_scale` (option logit_scale=: a bound of |logit|, the size at
+    which the precision rule counts ulps; default 32) when given; a bound that is no positive
+    number is a clear error."""
+    if logit_scale is not None:
+        value = float(logit_scale)
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"logit_scale={logit_scale!r}: expected a positive number (a bound of |logit|)")
+        backend.logit_scale = value
+    return backend
+
+
 def switch(value: str | bool) -> bool:
     """A loader's on/off option (a string from --mtp-backend-option, or a bool)."""
     return value.lower() not in ("off", "false", "0", "no") if isinstance(value, str) else bool(value)
@@ -332,9 +344,11 @@ class LibraryBackend:
         """A generator of stream chunks returning the GenerationResult."""
         raise NotImplementedError
 
+    logit_scale = 32.0  # a bound of |logit| (Capabilities.logit_scale); option logit_scale=
+
     def declared_context(self) -> dict[str, Any]:
-        """``context_length`` for Capabilities."""
-        return {"context_length": self.context}
+        """``context_length`` and ``logit_scale`` for Capabilities."""
+        return {"context_length": self.context, "logit_scale": self.logit_scale}
 
     def speculative_controls(self, penalties_reach_library: bool) -> list[str]:
         """The sampling controls declared to hold with speculation: penalties and

@@ -62,6 +62,7 @@ from mtpcheck.backends._library import (
     real_fixture_dir,
     require_library,
     switch,
+    with_scale,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -225,6 +226,7 @@ def load_mlx_lm(
     speculation: str | bool = True,
     guard: str | bool = False,
     context_length: int | str | None = None,
+    logit_scale: float | str | None = None,
     dtype: str | None = None,
 ) -> MlxLmBackend:
     """Load an mlx-lm target and its draft model (default: the shipped fixture
@@ -236,7 +238,7 @@ def load_mlx_lm(
     :data:`~mtpcheck.backends._library.GUARD_DOC`), context_length (most prompt
     tokens; default the target's max_position_embeddings), dtype (float16,
     bfloat16 or float32: both models cast to it; default as stored, float16 for
-    the fixture)."""
+    the fixture). logit_scale: a bound of |logit| (default 32), the size at which the precision rule counts ulps."""
     require_library("mlx_lm", EXTRA)
     from mlx_lm import load
 
@@ -256,6 +258,7 @@ def load_mlx_lm(
     eos = sorted(int(e) for e in getattr(tokenizer, "eos_token_ids", []) or [])
     if not eos and getattr(model.args, "eos_token_id", None) is not None:
         eos = [int(model.args.eos_token_id)]
-    return MlxLmBackend(model, tokenizer, draft_model, target_path=target_path, draft_path=draft_path,
-                        depth=int(depth), speculation=switch(speculation), vocab_size=vocab, eos_ids=eos,
-                        guard=switch(guard), context=context_limit(model.args, context_length))
+    return with_scale(MlxLmBackend(model, tokenizer, draft_model, target_path=target_path, draft_path=draft_path,
+                                   depth=int(depth), speculation=switch(speculation), vocab_size=vocab, eos_ids=eos,
+                                   guard=switch(guard), context=context_limit(model.args, context_length)),
+                      logit_scale)

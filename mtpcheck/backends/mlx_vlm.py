@@ -75,6 +75,7 @@ from mtpcheck.backends._library import (  # noqa: F401  (re-exported: the names 
     require_library,
     resolve_drafter,
     switch,
+    with_scale,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -259,6 +260,7 @@ def load_mlx_vlm(
     checkpoint: str | None = None,
     guard: str | bool = False,
     context_length: int | str | None = None,
+    logit_scale: float | str | None = None,
 ) -> MlxVlmBackend:
     """Load an mlx-vlm target and its MTP drafter (default: the shipped fixture
     ``mtpcheck/fixture/real/mlx_vlm``: ``target/`` and ``mtp/``).
@@ -272,7 +274,7 @@ def load_mlx_vlm(
     mtp_num_hidden_layers + 2), speculation (on|off: the loaded default),
     guard (off|on, default off: :data:`~mtpcheck.backends._library.GUARD_DOC`),
     context_length (most prompt tokens; default the target's
-    max_position_embeddings)."""
+    max_position_embeddings). logit_scale: a bound of |logit| (default 32), the size at which the precision rule counts ulps."""
     require_library("mlx_vlm", EXTRA)
     from mlx_vlm.speculative.drafters import load_drafter
     from mlx_vlm.utils import load
@@ -302,6 +304,6 @@ def load_mlx_vlm(
             "(mlx_vlm.speculative.drafters.mtp_split.MTP_SPLITTERS, e.g. 'qwen3_5'; not 'qwen3_5_text')")
     if depth is None:
         depth = int(getattr(draft_model.config, "block_size", 4)) - 1
-    return MlxVlmBackend(model, processor, draft_model, target_path=target_path, drafter_path=drafter_path,
-                         depth=int(depth), speculation=switch(speculation), guard=switch(guard),
-                         context=context_limit(model.config, context_length))
+    return with_scale(MlxVlmBackend(model, processor, draft_model, target_path=target_path, drafter_path=drafter_path,
+                                    depth=int(depth), speculation=switch(speculation), guard=switch(guard),
+                                    context=context_limit(model.config, context_length)), logit_scale)

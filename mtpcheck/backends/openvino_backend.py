@@ -73,6 +73,7 @@ from mtpcheck.backends._library import (
     report,
     require_library,
     switch,
+    with_scale,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -404,6 +405,7 @@ def load_openvino(
     prefix_caching: str | bool = False,
     threads: int | str = 1,
     context_length: int | str | None = None,
+    logit_scale: float | str | None = None,
 ) -> OpenVINOBackend:
     """Load OpenVINO GenAI pipelines over IR folders (default: the shipped
     llama fixture ``mtpcheck/fixture/real/mlx_lm`` converted to float32 IR at
@@ -418,7 +420,7 @@ def load_openvino(
     ground truth; default f32), prefix_caching (on|off, default off: on, the
     LLMPipeline default, sampled speculation raises, docs/backends/openvino.md
     O1), threads (INFERENCE_NUM_THREADS, default 1), context_length (most
-    prompt tokens; default the target's max_position_embeddings)."""
+    prompt tokens; default the target's max_position_embeddings). logit_scale: a bound of |logit| (default 32), the size at which the precision rule counts ulps."""
     if config not in CONFIGS:
         raise ValueError(f"config={config!r}: expected one of {', '.join(CONFIGS)}")
     if precision not in PRECISIONS:
@@ -439,10 +441,10 @@ def load_openvino(
     import json
 
     cfg = json.loads((irs["target"] / "config.json").read_text()) if (irs["target"] / "config.json").exists() else {}
-    return OpenVINOBackend(config=config, target_ir=irs["target"], draft_ir=irs.get("assistant"), sources=sources,
-                           depth=int(depth), speculation=switch(speculation), ngram=int(ngram), precision=precision,
-                           prefix_caching=switch(prefix_caching), threads=int(threads),
-                           context=context_limit(cfg, context_length))
+    return with_scale(OpenVINOBackend(config=config, target_ir=irs["target"], draft_ir=irs.get("assistant"),
+                                      sources=sources, depth=int(depth), speculation=switch(speculation),
+                                      ngram=int(ngram), precision=precision, prefix_caching=switch(prefix_caching),
+                                      threads=int(threads), context=context_limit(cfg, context_length)), logit_scale)
 
 
 def ir_of(folder: Path) -> Path:

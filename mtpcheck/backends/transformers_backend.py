@@ -79,6 +79,7 @@ from mtpcheck.backends._library import (
     report,
     require_library,
     switch,
+    with_scale,
 )
 from mtpcheck.contracts import (
     Capabilities,
@@ -464,6 +465,7 @@ def load_transformers(
     ngram: int | str | None = None,
     threads: int | str = 1,
     context_length: int | str | None = None,
+    logit_scale: float | str | None = None,
     dtype: str = "float32",
 ) -> TransformersBackend:
     """Load an HF llama target (and its assistant) from local folders, float32
@@ -479,7 +481,7 @@ def load_transformers(
     (prompt lookup's max_matching_ngram_size; default the library's, 2), threads
     (torch.set_num_threads, default 1), context_length (most prompt tokens;
     default the target's max_position_embeddings), dtype (float32, bfloat16 or
-    float16: both models load in it, and the adapter declares it)."""
+    float16: both models load in it, and the adapter declares it). logit_scale: a bound of |logit| (default 32), the size at which the precision rule counts ulps."""
     if config not in CONFIGS:
         raise ValueError(f"config={config!r}: expected one of {', '.join(CONFIGS)}")
     if dtype not in TORCH_DTYPES:
@@ -520,4 +522,4 @@ def load_transformers(
                                   draft_path=draft_path, depth=int(depth), speculation=switch(speculation),
                                   eos_ids=eos_ids, context=context_limit(model.config, context_length),
                                   confidence_threshold=threshold, ngram=int(ngram) if ngram else None, pad_id=pad)
-    return backend
+    return with_scale(backend, logit_scale)
