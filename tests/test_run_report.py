@@ -302,7 +302,7 @@ def test_report_validate_command(tmp_path):
      "ERROR: --mtp-backend-option: backend 'fakebackend:make' has no option 'flavor'; it accepts: flavour, depth"),
     (["--mtp-json=test_down.py/r.json"], "ERROR: --mtp-json: cannot create 'test_down.py/r.json': *is not a folder"),
     (["--mtp-markdown=."], "ERROR: --mtp-markdown: '.' is a folder; give a file path"),
-    (["--mtp-xfails-file=nosuch.txt"], "ERROR: --mtp-xfails-file: 'nosuch.txt' does not exist (relative to *); shipped lists: *mlx_lm, mlx_vlm*"),
+    (["--mtp-xfails-file=nosuch.txt"], "ERROR: --mtp-xfails-file: 'nosuch.txt' does not exist (relative to *); shipped lists: *mlx_lm, *mlx_vlm*"),
     (["--mtp-skips-file=sub"], "ERROR: --mtp-skips-file: 'sub' is a folder*"),
     (["--mtp-xfails-file=latin1.txt"], "ERROR: --mtp-xfails-file: 'latin1.txt' is not UTF-8 text*"),
     (["--mtp-clauses=NOPE"], "ERROR: --mtp-clauses: unknown clause ids ?'NOPE'?; see `mtpcheck contracts list`"),

@@ -16,6 +16,7 @@ BUILTINS: dict[str, str] = {
     "toy": "mtpcheck.backends.toy:load_toy",
     "mlx-vlm": "mtpcheck.backends.mlx_vlm:load_mlx_vlm",
     "mlx-lm": "mtpcheck.backends.mlx_lm:load_mlx_lm",
+    "mlx-lm-server": "mtpcheck.backends.mlx_lm_server:load_mlx_lm_server",
     "llama-server": "mtpcheck.backends.llama_server:load_llama_server",
     "openai-http": "mtpcheck.backends.openai_http:load_openai_http",
     "transformers": "mtpcheck.backends.transformers_backend:load_transformers",
