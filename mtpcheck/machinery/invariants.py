@@ -55,10 +55,15 @@ def text_problem(tokens: list[int], text: str, req: GenerationRequest, caps: Cap
     stops = _stops(req, caps)
     kept = [t for t in tokens if t not in stops]
     try:
-        wants = [] if caps.stop_text == "special_tokens_skipped" else [decode(kept)]
-        if caps.stop_text != "special_tokens_kept" and (
-                not wants or set(caps.eos_token_ids) - stops and set(kept) & set(caps.eos_token_ids)):
-            wants.append(decode([t for t in kept if t not in caps.eos_token_ids]))
+        eos = set(caps.eos_token_ids)
+        with_eos = lambda: decode(kept)  # noqa: E731
+        without_eos = lambda: decode([t for t in kept if t not in eos])  # noqa: E731
+        if caps.stop_text == "special_tokens_kept":
+            wants = [with_eos()]
+        elif caps.stop_text == "special_tokens_skipped":
+            wants = [without_eos()]
+        else:  # undeclared: either, where an EOS the stops do not remove is in the output
+            wants = [with_eos()] + ([without_eos()] if eos - stops and set(kept) & eos else [])
     except Exception:  # a failing decode() is judged by the clauses that call it
         return None
     cut = [w[: min((w.find(s) for s in req.stop if s in w), default=len(w))] for w in wants]
