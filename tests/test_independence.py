@@ -343,3 +343,51 @@ def test_together_test_on_a_deterministic_output():
 
     res = together_test("t", {s: ([7] * COPIES, [7] * COPIES) for s in range(STRATA)}, ALPHA)
     assert res.passed and res.p_value == 1.0 and res.details["power"] < 0.01
+
+
+class _Slots:
+    """generate_n of at most `slots` samples (llama-server's -np), every sample
+    one shared draw (`shared`) or a fresh one; generate() a fresh draw."""
+
+    def __init__(self, slots: int, shared: bool):
+        from mtpcheck.contracts import Capabilities
+
+        self.rng, self.shared = np.random.default_rng(11), shared
+        self.caps = Capabilities(name="slots", version="1", vocab_size=8, max_depth=1, parallel_samples=True,
+                                 max_parallel_samples=slots)
+
+    def capabilities(self):
+        return self.caps
+
+    def _result(self, token):
+        from mtpcheck.contracts import GenerationResult, SpeculationReport
+
+        return GenerationResult(tokens=[int(token)], text="", finish_reason="length",
+                                speculation=SpeculationReport(requested=False, used=False, mode="off", runtime="t"))
+
+    def generate(self, req):
+        return self._result(self.rng.integers(1 << 60))
+
+    def generate_n(self, req, n):
+        if n > self.caps.max_parallel_samples:
+            raise ValueError(f"n={n} > {self.caps.max_parallel_samples} slots")
+        draws = [self.rng.integers(1 << 60)] * n if self.shared else self.rng.integers(1 << 60, size=n)
+        return [self._result(t) for t in draws]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_generate_n_is_asked_at_most_the_declared_samples(shared):
+    """A backend that serves at most 4 samples a call (max_parallel_samples)
+    is asked 4 of the 6 copies, and the exact test on groups of 4 together
+    and 6 alone still finds copies served together: p = C(10, 4)^-4 =
+    5.1e-10 below the per-path alpha; fresh draws pass."""
+    from mtpcheck.laws.independence import together_test
+    from mtpcheck.machinery.seeds import samples_per_call, served_alone, served_together
+
+    backend, reqs = _Slots(4, shared), [object()] * STRATA
+    together, alone = served_together(backend, reqs, "generate_n", COPIES), served_alone(backend, reqs, COPIES)
+    assert [len(t) for t in together] == [4] * STRATA and samples_per_call(backend.caps, 3) == 3
+    res = together_test("t", {s: (t, a) for s, (t, a) in enumerate(zip(together, alone, strict=True))}, ALPHA)
+    assert res.passed is not shared
+    if shared:
+        assert res.p_value == pytest.approx(210.0 ** -4)

@@ -358,6 +358,7 @@ class LlamaServerBackend(ServerTruth):
             streaming=True,  # the server's own SSE stream (generate_stream)
             request_constraints=self.tokenizer is not None,  # a choice as the request's `grammar` (GBNF)
             parallel_samples=self.slots > 1,  # llama.cpp's `n` (generate_n): at most one sample per slot
+            max_parallel_samples=self.slots if self.slots > 1 else None,
             traces=False,
             text=self.tokenizer is not None,
             notes=(f"{self.model.name}, {drafter}, default depth {self.depth}, --spec-draft-sampling "

@@ -299,6 +299,11 @@ class Capabilities(_Strict):
         description="generate_n(request, n) serves n samples of one request in one call, as OpenAI's `n`: a list of n"
         " GenerationResults; with a seed the n samples reproduce as a whole. SEED-SAMPLES-INDEPENDENT judges them",
     )
+    max_parallel_samples: int | None = Field(
+        None, ge=2,
+        description="the most samples one generate_n call serves (llama.cpp: one per parallel slot); null: no limit."
+        " The suite asks at most this many, and says so in the test's record",
+    )
     request_constraints: bool = Field(
         False,
         description="GenerationRequest.constraint is honoured through the runtime's own API (vLLM structured outputs,"

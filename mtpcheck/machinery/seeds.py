@@ -151,13 +151,21 @@ def served_alone(backend, reqs: list, copies: int = UNSEEDED_COPIES) -> list[lis
     return [[tuple(backend.generate(r).tokens) for _ in range(copies)] for r in reqs]
 
 
+def samples_per_call(caps, wanted: int) -> int:
+    """`wanted` samples of one generate_n call, or fewer where the backend
+    declares a smaller max_parallel_samples (a runtime's slots)."""
+    return min(wanted, caps.max_parallel_samples or wanted)
+
+
 def served_together(backend, reqs: list, path: str, copies: int = UNSEEDED_COPIES) -> list[list[tuple[int, ...]]]:
     """Each request `copies` times in one call: all strata in one generate_batch
     (a stratum's copies adjacent, so that they are admitted, and in flight,
-    together), or one generate_n per stratum."""
+    together), or one generate_n per stratum (of at most the declared
+    max_parallel_samples: the exact test takes groups of unequal size)."""
     if path == "generate_batch":
         res = backend.generate_batch([r for r in reqs for _ in range(copies)])
         return [[tuple(x.tokens) for x in res[s * copies:(s + 1) * copies]] for s in range(len(reqs))]
     if path == "generate_n":
-        return [[tuple(x.tokens) for x in backend.generate_n(r, copies)] for r in reqs]
+        n = samples_per_call(backend.capabilities(), copies)
+        return [[tuple(x.tokens) for x in backend.generate_n(r, n)] for r in reqs]
     raise ValueError(f"path {path!r}: expected one of {', '.join(TOGETHER_PATHS)}")

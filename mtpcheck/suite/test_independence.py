@@ -31,6 +31,7 @@ from mtpcheck.machinery.seeds import (
     UNSEEDED_COPIES,
     base_seeds,
     sample_pair_series,
+    samples_per_call,
     seed_pair_series,
     served_alone,
     served_together,
@@ -121,11 +122,11 @@ def test_parallel_samples_reproduce(mtp_backend, mtp_capabilities, mtp_fixture, 
     for i, prompt in enumerate(list(mtp_fixture.values())[:2]):
         req = request(prompt, mtp_profile.dist_tokens, SamplingParams(temperature=1.0, seed=mtp_seed + 101 * i),
                       spec_for(mtp_capabilities), stop_token_ids=[])
-        first = [r.tokens for r in mtp_backend.generate_n(req, SAMPLES_N)]
-        again = [r.tokens for r in mtp_backend.generate_n(req, SAMPLES_N)]
+        first = [r.tokens for r in mtp_backend.generate_n(req, samples_per_call(mtp_capabilities, SAMPLES_N))]
+        again = [r.tokens for r in mtp_backend.generate_n(req, samples_per_call(mtp_capabilities, SAMPLES_N))]
         problems += [f"prompt {i}, seed {req.sampling.seed}: sample {j} differs on the second call"
                      for j, (a, b) in enumerate(zip(first, again, strict=True)) if a != b]
-    mtp_record(n=SAMPLES_N, problems=problems)
+    mtp_record(n=samples_per_call(mtp_capabilities, SAMPLES_N), problems=problems)
     assert not problems, "a seeded request's n samples do not reproduce: " + "; ".join(problems[:4])
 
 
@@ -133,14 +134,15 @@ def test_parallel_samples_reproduce(mtp_backend, mtp_capabilities, mtp_fixture, 
 def test_parallel_samples_share_no_draws(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed,
                                          mtp_record):
     rng = np.random.default_rng(mtp_seed + 3)  # the PIT randomisation: the suite's own
+    n = samples_per_call(mtp_capabilities, SAMPLES_N)
     series = sample_pair_series(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile.dist_tokens,
-                                base_seeds(mtp_seed + 29, REPLICATES[mtp_profile.name]), SAMPLES_N, rng)
+                                base_seeds(mtp_seed + 29, REPLICATES[mtp_profile.name]), n, rng)
     res = series_test("sample-agreement", series, subtest_alpha("test_parallel_samples_share_no_draws"))
-    mtp_record(n=SAMPLES_N, test=res.model_dump())
+    mtp_record(n=n, test=res.model_dump())
     if res.passed:
         return
     control = sample_pair_series(mtp_backend, mtp_capabilities, list(mtp_fixture.values()), mtp_profile.dist_tokens,
-                                 base_seeds(mtp_seed + 29, REPLICATES[mtp_profile.name]), SAMPLES_N, rng, control=True)
+                                 base_seeds(mtp_seed + 29, REPLICATES[mtp_profile.name]), n, rng, control=True)
     _judge_against_unrelated(res, series, control, mtp_record, "samples of one request, or of requests under "
                              "neighbouring seeds, (copies, shifted streams, or child seeds that overlap)")
 
@@ -182,7 +184,7 @@ def test_unseeded_requests_served_together_are_independent(mtp_backend, unseeded
     strata = {f"stratum {s}": (t, a) for s, (t, a) in enumerate(zip(together, alone, strict=True))}
     res = together_test("together-vs-alone", strata,
                         subtest_alpha("test_unseeded_requests_served_together_are_independent"))
-    mtp_record(path=path, copies=UNSEEDED_COPIES, test=res.model_dump())
+    mtp_record(path=path, copies=UNSEEDED_COPIES, together=len(together[0]), test=res.model_dump())
     assert res.passed, (f"identical unseeded requests served together ({path}) coincide more often than the same "
                         f"requests served alone: {res.note}; p={res.p_value:.3g} < alpha={res.alpha:.2g} (exact "
                         f"permutation test): they share randomness")

@@ -6,6 +6,7 @@ from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import finish_problems, stats_problems
 from mtpcheck.machinery.configs import request, spec_for, without_speculation
 from mtpcheck.machinery.exercise import unobserved
+from mtpcheck.machinery.seeds import samples_per_call
 from mtpcheck.machinery.strategies import sampling_params
 
 SIDE_WORDS = {"speculative": "speculative path deviates", "both": "both paths deviate (not speculative: the same "
@@ -61,7 +62,8 @@ def test_statistics_agree_in_results_served_together(mtp_backend, mtp_capabiliti
         served += [(f"generate_batch() request {i}", r, res) for i, (r, res)
                    in enumerate(zip(reqs, mtp_backend.generate_batch(reqs), strict=True))]
     if caps.parallel_samples:
-        served += [(f"generate_n() sample {i}", reqs[0], res) for i, res in enumerate(mtp_backend.generate_n(reqs[0], 4))]
+        served += [(f"generate_n() sample {i}", reqs[0], res) for i, res in enumerate(
+            mtp_backend.generate_n(reqs[0], samples_per_call(caps, 4)))]
     judged = [(what, req, res) for what, req, res in served if not unobserved(res)]
     if not judged:
         pytest.skip("speculation not observed: every result served together reports used with no round statistics "
