@@ -23,6 +23,7 @@ from mtpcheck.machinery.report import (
     CLAUSE_PROPERTY,
     EVIDENCE_PROPERTY,
     EXERCISE_PROPERTY,
+    MARGIN_PROPERTY,
     XFAIL_SECTION,
     RunRecorder,
     is_clause_failure,
@@ -374,7 +375,7 @@ def pytest_runtest_call(item):
             item.user_properties.append((EXERCISE_PROPERTY, json.dumps(counts)))
     if counts:
         from mtpcheck.catalogue import load_catalogue
-        from mtpcheck.machinery.exercise import NotExercised, verdict
+        from mtpcheck.machinery.exercise import NotExercised, margin_of, verdict
 
         marker = item.get_closest_marker("exercise")
         clauses = load_catalogue().by_id()
@@ -384,6 +385,8 @@ def pytest_runtest_call(item):
             pytest.skip(found[1])
         if found:
             raise NotExercised(found[1])
+        if margin_of(counts, needs):
+            item.user_properties.append((MARGIN_PROPERTY, json.dumps(margin_of(counts, needs))))
     return result
 
 

@@ -140,6 +140,18 @@ def test_live_speculation_passes_with_its_counts(tree):
     result.stdout.fnmatch_lines(["GREEDY-EQUIV*PASSED*acc 6/24, rej 18, 2 req*"])
 
 
+def test_a_thin_pass_is_named(tree):
+    """3 accepted of 12 proposals pass, and the run says that a rerun at that
+    rate holds none with probability about exp(-3): the flake named before CI
+    meets it. A test that needs nothing (REQ-OVERRIDE) or is exempt has no margin."""
+    result, data = run(tree, "live")
+    tests = {n.split("::")[1]: t for n, t in data["tests"].items()}
+    assert tests["test_greedy"]["exercise_margin"] == {"count": 3, "what": "accepted", "drafted": 12}
+    assert tests["test_needs_nothing"]["exercise_margin"] is None and tests["test_exempt"]["exercise_margin"] is None
+    result.stdout.fnmatch_lines(["mtpcheck: thin exercise: 1 passing test rests on fewer than 14 proposals*up to "
+                                 "0.05*test_greedy (3 accepted of 12)*"])
+
+
 def test_an_xfails_line_does_not_cover_not_exercised(tree):
     (tree.path / "known.txt").write_text("test_down.py::test_greedy  # a documented law deviation\n")
     result, data = run(tree, "dead", "--mtp-xfails-file=known.txt")

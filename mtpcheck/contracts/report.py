@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Capabilities
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error",
                  "crashed", "unfinished"]
@@ -43,6 +43,15 @@ class Exercise(_Model):
     declared_off: list[str] = Field(default_factory=list, description="the controls declared unaccelerated")
 
 
+class ExerciseMargin(_Model):
+    """How thin a passing test's exercise was: the fewest of what its clauses
+    need. A rerun at the same rate holds none with probability about exp(-count)."""
+
+    count: int = Field(description="accepted (or rejected) proposals, whichever is fewer of those the clauses need")
+    what: Literal["accepted", "rejected"]
+    drafted: int
+
+
 class BrokenRule(_Model):
     """A result that broke a rule every result obeys (mtpcheck.machinery.invariants),
     with the call that produced it."""
@@ -67,6 +76,8 @@ class TestRecord(_Model):
     duration_s: float
     evidence: list[dict[str, Any]] = Field(default_factory=list, description="mtp_record(...) calls, in order")
     exercise: Exercise | None = Field(None, description="null: the test received no speculative result")
+    exercise_margin: ExerciseMargin | None = Field(
+        None, description="a test that passed its exercise check: its thinnest need; below 14 the run names it thin")
     deviating_side: Literal["speculative", "plain", "both"] | None = Field(
         None, description="the side a failing test named: the speculative path, the plain path, or both (a finding"
         " of the runtime, not of speculation); null where it named none")
@@ -104,7 +115,7 @@ class NotRun(_Model):
 class RunReport(_Model):
     """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
 
-    schema_version: Literal[4] = SCHEMA_VERSION
+    schema_version: Literal[5] = SCHEMA_VERSION
     complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
     incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
     exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")

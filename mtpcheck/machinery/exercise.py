@@ -118,6 +118,18 @@ def verdict(t: dict, needs: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def margin_of(t: dict, needs: list[str]) -> dict | None:
+    """The smallest count among what an exercised sample needs (accepted,
+    rejected): {"count", "what", "drafted"}; None when it needs nothing or made
+    no judged speculative request."""
+    if not needs or not t["requests"] or t["requests"] == t["unaccelerated"]:
+        return None
+    if t.get("unobserved") and t["unobserved"] == t["requests"] - t["unaccelerated"]:
+        return None
+    count, what = min((t[w], w) for w in needs if w in ("accepted", "rejected"))
+    return {"count": count, "what": what, "drafted": t["drafted"]}
+
+
 def summary(t: dict | None) -> str:
     """A table cell: proposals accepted of drafted, rejected, speculative requests judged."""
     if not t or not t.get("requests"):

@@ -38,9 +38,13 @@ OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 # the user_properties keys a suite test carries; plain strings, so JUnit XML shows them as they are
 CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
 EXERCISE_PROPERTY = "mtp_exercise"  # what the test's speculative results drafted and accepted (machinery.exercise)
+MARGIN_PROPERTY = "mtp_exercise_margin"  # a passing test's fewest accepted (or rejected) proposals of those it needs
 CAPABILITIES_PROPERTY = "mtp_capabilities"  # an xdist worker's backend declaration, on its first report
 BROKEN_PROPERTY = "mtp_broken_rule"  # a result that broke a rule every result obeys (machinery.invariants)
 KEPT_BROKEN = 10  # broken results a record keeps as evidence; it counts them all
+# a passing test's sample with fewer accepted (or rejected) proposals than this is named thin:
+# exp(-14) = 8e-7, the chance that a rerun at the same rate holds none
+THIN = 14
 
 
 def to_plain(value: Any) -> Any:
@@ -333,6 +337,9 @@ class RunRecorder:
         entry["evidence"] = evidence
         if exercise is not None:
             entry["exercise"] = exercise
+        margin = next((json.loads(v) for k, v in report.user_properties if k == MARGIN_PROPERTY), None)
+        if margin is not None:
+            entry["exercise_margin"] = margin
         side = side_of(evidence)
         if side:
             entry["deviating_side"] = side
@@ -532,6 +539,7 @@ class RunRecorder:
             lines.append("mtpcheck: no JSON report written (--mtp-json PATH, or `mtpcheck run --json PATH`)")
         if markdown_path:
             lines.append(f"mtpcheck: Markdown table: {markdown_path}")
+        lines += self.thin_lines()
         if counts["failed"] or counts["error"] or counts["xpassed"]:
             lines.append("mtpcheck: next: a FAILED row's evidence is under clauses.<ID>.evidence in the JSON report; "
                          "a greedy divergence: `mtpcheck explain-divergence`; a documented deviation of your runtime "
@@ -540,6 +548,23 @@ class RunRecorder:
             lines.append("mtpcheck: next: judge your own runtime with --mtp-backend=package.module:factory "
                          "(docs/adapters.md); SKIPPED rows name the capability a clause needs")
         return lines
+
+    def thin_lines(self) -> list[str]:
+        """Tests that passed on a thin sample of speculation: k accepted (or
+        rejected) proposals where the clause needs some. At that rate a sample
+        drawn afresh (another seed, a runtime whose output varies run to run)
+        holds none with probability about exp(-k) and fails `speculation not
+        exercised`: a green run that may not repeat, said before it happens."""
+        thin = sorted((m["count"], nodeid, m) for nodeid, e in self.tests.items() if (m := e.get("exercise_margin"))
+                      and e["outcome"] in ("passed", "xpassed") and m["count"] < THIN)
+        if not thin:
+            return []
+        listed = "; ".join(f"{n.split('::', 1)[-1]} ({m['count']} {m['what']} of {m['drafted']})" for _, n, m in thin[:4])
+        many = f"{len(thin)} passing tests rest" if len(thin) > 1 else "1 passing test rests"
+        return [f"mtpcheck: thin exercise: {many} on fewer than {THIN} proposals of what they "
+                f"need (drawn afresh, such a sample holds none with probability about exp(-k), up to "
+                f"{math.exp(-thin[0][0]):.2g}, and fails 'speculation not exercised'): {listed}{'; ...' if len(thin) > 4 else ''} (docs/report.md, "
+                f"'Exercise')"]
 
     def summary(self) -> dict:
         counts = dict.fromkeys(OUTCOME_ORDER, 0)
