@@ -36,6 +36,7 @@ STASH_BACKEND = pytest.StashKey[object]()
 STASH_XFAIL_LINE = pytest.StashKey[str]()
 STASH_XFAIL_SIDE = pytest.StashKey[str]()  # the side the matching xfails line documents (side=...)
 STASH_XFAIL_UNEXERCISED = pytest.StashKey[bool]()  # the matching line documents unexercised speculation
+STASH_XFAIL_RAISES = pytest.StashKey[str]()  # the exception class the matching line documents (raises=...)
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
 STASH_CAPS_SENT = pytest.StashKey[bool]()
@@ -223,6 +224,7 @@ def pytest_collection_modifyitems(session, config, items):
                                     and not match_lines([e], suite_items, lambda _: ())["__matches__"]]
         sides = {e.entry: e.side for e in entries}
         unexercised = {e.entry for e in entries if e.unexercised}
+        raises = {e.entry: e.raises for e in entries if e.raises}
         for item, line, reason in unmatched.pop("__matches__"):
             if marker == "skip":
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -232,6 +234,8 @@ def pytest_collection_modifyitems(session, config, items):
                 if sides.get(line):
                     item.stash[STASH_XFAIL_SIDE] = sides[line]
                 item.stash[STASH_XFAIL_UNEXERCISED] = line in unexercised
+                if raises.get(line):
+                    item.stash[STASH_XFAIL_RAISES] = raises[line]
         for line in unmatched["__unused__"]:
             warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")
@@ -275,7 +279,16 @@ def pytest_runtest_makereport(item, call):
         return
     exc = call.excinfo.value
     unexercised = item.stash.get(STASH_XFAIL_UNEXERCISED, False)
-    if type(exc).__name__ == "NotExercised" or unexercised:
+    raises = item.stash.get(STASH_XFAIL_RAISES, None)
+    if raises:
+        from mtpcheck.contracts.errors import BackendError
+
+        raised = [type(e).__name__ for e in (exc, exc.__cause__) if e is not None]
+        if isinstance(exc, BackendError) and raises in raised:
+            return
+        why = (f"xfails line {line!r} documents the backend raising {raises} (raises=), this test "
+               + ("failed the clause's check:" if is_clause_failure(exc) else f"raised {' from '.join(raised)}:"))
+    elif type(exc).__name__ == "NotExercised" or unexercised:
         if type(exc).__name__ == "NotExercised" and unexercised:
             return
         why = (f"xfails line {line!r} documents unexercised speculation (exercise=none), the clause's check failed:"

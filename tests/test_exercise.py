@@ -57,6 +57,15 @@ def dead():
 
 def live():
     return Fake(1)
+
+
+class Raising(Fake):
+    def generate(self, req):
+        raise ConnectionError("the server went away")
+
+
+def raising():
+    return Raising(1)
 '''
 
 DOWN = '''
@@ -253,3 +262,37 @@ def test_constraint_language_owes_accepted_proposals(pytester):
     assert row["outcome"] == "failed", result.stdout.str()[-2000:]
     assert row["notes"][0].startswith("speculation not exercised: 0 of ")
     assert row["exercise"]["accepted"] == 0 and row["exercise"]["drafted"] > 0
+
+
+def test_a_line_pinned_raises_documents_that_raise_only(tree):
+    """A runtime that crashes on a request (a documented deviation with a
+    reproduction) is excused by a line pinned raises=<its exception> or
+    raises=BackendRaised, and by nothing else: a plain line, another
+    exception's name, or a failure of the clause's own check stay failed.
+    raises= takes no other pin."""
+    def outcome(factory, line, test="test_greedy"):
+        (tree.path / "x.txt").write_text(line + "\n")
+        result, data = run(tree, factory, f"--mtp-xfails-file={tree.path / 'x.txt'}")
+        return {n.split("::")[1]: t for n, t in data["tests"].items()}[test], result
+
+    assert outcome("raising", "test_down.py::test_greedy  # crashes")[0]["outcome"] == "failed"
+    assert outcome("raising", "test_down.py::test_greedy  raises=ConnectionError  # R1")[0]["outcome"] == "xfailed"
+    assert outcome("raising", "test_down.py::test_greedy  raises=BackendRaised  # R1")[0]["outcome"] == "xfailed"
+    rec, result = outcome("raising", "test_down.py::test_greedy  raises=TimeoutError  # R1")
+    assert rec["outcome"] == "failed"
+    result.stdout.fnmatch_lines(["*not the documented deviation*raises=*raised BackendRaised from ConnectionError*"])
+    tree.makepyfile(test_check='''
+import pytest
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+def test_check(mtp_backend):
+    assert False, "the check itself"
+''')
+    assert outcome("live", "test_check.py::test_check  raises=BackendRaised  # R1", "test_check")[0]["outcome"] \
+        == "failed"
+    (tree.path / "both.txt").write_text("test_down.py::test_greedy  raises=BackendRaised  side=both  # R1\n")
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider", "--mtp-backend=fakeexercise:raising",
+                                      f"--mtp-xfails-file={tree.path / 'both.txt'}")
+    assert result.ret != 0
+    assert "raises= documents the backend raising and nothing else" in result.stdout.str() + result.stderr.str()

@@ -103,13 +103,16 @@ class IdLine(NamedTuple):
     comment) and, optionally, the side of the deviation it documents (`side=`),
     or that it documents a sample with no accepted proposal (`exercise=none`):
     only such a line covers a "speculation not exercised" failure, and it
-    covers nothing else."""
+    covers nothing else; or that it documents the backend raising (`raises=`
+    an exception class name: the harness's BackendRaised / BackendTimeout /
+    BackendGarbage, or the runtime's own exception it wraps), and nothing else."""
 
     entry: str
     reason: str
     side: str | None = None
     unexercised: bool = False
     rules: str | None = None  # a node-id prefix line pinned `rules=CLAUSE`: only that clause's broken result rules
+    raises: str | None = None
 
 
 def _pins(path: Path, number: int, words: list[str]) -> dict:
@@ -117,10 +120,15 @@ def _pins(path: Path, number: int, words: list[str]) -> dict:
     for word in words:
         key, eq, value = word.partition("=")
         if not eq or not (key == "side" and value in SIDES or key == "exercise" and value == "none"
-                          or key == "rules" and re.fullmatch(r"[A-Z][A-Z0-9-]+", value)):
+                          or key == "rules" and re.fullmatch(r"[A-Z][A-Z0-9-]+", value)
+                          or key == "raises" and re.fullmatch(r"[A-Za-z_]\w*", value)):
             raise IdFileError(f"{str(path)!r} line {number}: {word!r} is not a pin; a line is an id, then optionally "
-                              f"side={'|'.join(SIDES)}, exercise=none or rules=CLAUSE-ID, then '# reason'")
+                              f"side={'|'.join(SIDES)}, exercise=none, raises=ExceptionName or rules=CLAUSE-ID, then "
+                              f"'# reason'")
         pins[key] = value
+    if "raises" in pins and len(pins) > 1:
+        raise IdFileError(f"{str(path)!r} line {number}: raises= documents the backend raising and nothing else: "
+                          f"it takes no other pin ({' '.join(words)})")
     return pins
 
 
@@ -144,7 +152,7 @@ def read_id_file(path: str | Path) -> list[IdLine]:
         if words:
             pins = _pins(path, number, words[1:])
             entries.append(IdLine(words[0], comment.strip() or f"listed in {path.name}", pins.get("side"),
-                                  pins.get("exercise") == "none", pins.get("rules")))
+                                  pins.get("exercise") == "none", pins.get("rules"), pins.get("raises")))
     return entries
 
 
