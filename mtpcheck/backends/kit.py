@@ -24,6 +24,10 @@ which is kept stable. Two kinds of adapter:
   :func:`check_request`, :func:`plan_speculation`, one POST, :func:`drive`
   over the returned token ids, :func:`report` of the rounds and
   :func:`result_of`; ``generate_batch`` is :func:`serve_together`.
+
+Options every adapter offers the same way: ``dtype=`` (:func:`cast`, and
+:func:`dtype_name` to declare what a model runs in), ``logit_scale=``
+(:func:`with_scale`), the shipped fixtures' folders (:func:`real_fixture_dir`).
 """
 
 from __future__ import annotations
@@ -32,21 +36,25 @@ from mtpcheck.backends._library import (
     GUARD_DOC,
     DecodePathLogprobs,
     LibraryBackend,
+    cast,
     check_request,
     composed_sampler,
     context_limit,
     drive,
     drive_chunks,
+    dtype_name,
     library_sampling,
     library_version,
     penalty_processors,
     plan_speculation,
+    real_fixture_dir,
     report,
     require_library,
     resolve_drafter,
     result_of,
     run_to_end,
     switch,
+    with_scale,
 )
 from mtpcheck.backends.httpserver import (
     Client,
@@ -66,9 +74,10 @@ from mtpcheck.backends.httpserver import (
 )
 
 __all__ = [
-    "GUARD_DOC", "DecodePathLogprobs", "LibraryBackend", "check_request", "composed_sampler",
-    "context_limit", "drive", "drive_chunks", "library_sampling", "library_version", "penalty_processors",
-    "plan_speculation", "report", "require_library", "resolve_drafter", "result_of", "run_to_end", "switch",
+    "GUARD_DOC", "DecodePathLogprobs", "LibraryBackend", "cast", "check_request", "composed_sampler",
+    "context_limit", "drive", "drive_chunks", "dtype_name", "library_sampling", "library_version",
+    "penalty_processors", "plan_speculation", "real_fixture_dir", "report", "require_library", "resolve_drafter",
+    "result_of", "run_to_end", "switch", "with_scale",
     "Client", "ServerError", "ServerProcess", "ServerTruth", "close_all", "completion_top", "kept_rounds",
     "legacy_top", "openai_top", "plain_path_laws", "post_logprobs", "serve_together", "slots_option",
     "token_logprobs",

@@ -57,18 +57,16 @@ class MlxLmServerBackend(kit.LibraryBackend):
 
     def __init__(self, target: Path, draft: Path, depth: int, speculation: bool, slots: int,
                  context_length: str | None, logit_scale: str | None, prompt_cache: str | None):
-        from mlx.utils import tree_flatten
         from mlx_lm import load
         from mlx_lm.models.cache import make_prompt_cache
 
         model, self.tokenizer = load(str(target))
-        kinds = {str(v.dtype) for _, v in tree_flatten(model.parameters())}  # the precision of the server's logits
-        self.logit_dtype = next((k for k in ("bfloat16", "float16") if f"mlx.core.{k}" in kinds), "float32")
+        self.logit_dtype = kit.dtype_name(model)  # the precision of the server's logits
         self.target, self.draft, self.slots = target, draft, slots
         self.vocab_size = int(model.args.vocab_size)
         self.eos_ids = sorted(int(e) for e in self.tokenizer.eos_token_ids)
         self.context = kit.context_limit(model.args, context_length)
-        self.logit_scale = float(logit_scale) if logit_scale else 32.0
+        kit.with_scale(self, logit_scale)
         self.truth = kit.DecodePathLogprobs(lambda x, cache: model(x, cache=cache), lambda: make_prompt_cache(model))
         self.default = SpeculationRequest(mode="native_mtp" if speculation else "off", drafter="assistant",
                                           num_draft_tokens=depth)
@@ -191,9 +189,7 @@ def load_mlx_lm_server(path: str | None = None, target: str | None = None, draft
     a request without a speculation block), slots (connections generate_batch
     keeps in flight; 1: not concurrent), context_length, logit_scale, prompt_cache
     (the servers' --prompt-cache-size; default theirs, 10)."""
-    from mtpcheck.fixture import REAL_DIR
-
-    base = Path(path) if path else REAL_DIR / "mlx_lm"
+    base = Path(path) if path else kit.real_fixture_dir("mlx_lm")
     return MlxLmServerBackend(Path(target) if target else base / "target", Path(draft) if draft else base / "draft",
                               int(depth), kit.switch(speculation), kit.slots_option(slots), context_length,
                               logit_scale, prompt_cache)
