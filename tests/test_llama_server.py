@@ -487,3 +487,49 @@ def test_the_ngram_configuration_drives_llama_cpps_own_lookup(standin):
         assert (caps.mtp_kinds, caps.drafting, caps.acceptance_rule) == (["model_free"], "up_to_k", "exact_match")
     finally:
         b.close()
+
+
+def test_client_sends_a_request_twice_only_after_a_stale_keep_alive():
+    """Client.request reconnects once where a kept-alive connection was closed
+    by the server between requests; a request on a new connection that the
+    server drops (a crash mid-request) raises, sent once."""
+    import http.server
+    import threading
+
+    from mtpcheck.backends.httpserver import Client
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.path)
+            if self.path == "/crash":
+                self.close_connection = True  # no response: what a server dying mid-request sends
+                return
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = self.path == "/close"  # answered, then the keep-alive closed
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        c = Client(url, timeout=10)
+        assert c.post("/close", {}) == {"ok": True}
+        assert c.post("/again", {}) == {"ok": True}  # the stale keep-alive: reconnected once
+        assert seen == ["/close", "/again"]
+        fresh = Client(url, timeout=10)
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            fresh.request("POST", "/crash", {})
+        assert seen.count("/crash") == 1
+    finally:
+        server.shutdown()

@@ -95,15 +95,18 @@ class Client:
         """(status, parsed JSON) or, with `stream`, (status, iterator of SSE data objects)."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
+        for attempt in (0, 1):
             conn = self._connect()
+            kept_alive = conn.sock is not None
             try:
                 conn.request(method, self.base + path, body=data, headers=headers)
                 resp = conn.getresponse()
                 break
             except (ConnectionError, http.client.HTTPException, OSError):
                 self._drop()
-                if attempt:
+                # a kept-alive connection the server had closed: once more on a new one; a new
+                # connection that fails is the server's failure, never sent twice
+                if attempt or not kept_alive:
                     raise
         if stream and resp.status == 200:
             return resp.status, self._events(resp)
