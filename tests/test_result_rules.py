@@ -201,6 +201,24 @@ def test_unobserved_statistics_are_not_judged_but_finish_rules_are():
     assert [v.clause for v in result_violations(short, req, CAPS)] == ["STATS-CONSISTENT"]
 
 
+def test_a_one_token_result_has_a_round_where_round_0_emits_the_first_token():
+    """One token, reported used with no statistics: where the first token is
+    the prefill's there was no round (observed, and consistent); where round
+    0 emits it (first_token_from_prefill False, mlx-lm) a round ran and no
+    statistics say what it drafted: unobserved, as a longer result is, and
+    not a statistics violation; with a round reported it is observed."""
+    from mtpcheck.contracts import GenerationResult, SpeculationReport
+    from mtpcheck.machinery.exercise import unobserved
+
+    used = SpeculationReport(requested=True, used=True, mode="native_mtp", runtime="c", num_draft_tokens=3)
+    one = GenerationResult(tokens=[2], text="ab", finish_reason="length", speculation=used)
+    req, round0 = _req(max_tokens=1), CAPS.model_copy(update={"first_token_from_prefill": False})
+    assert not unobserved(one, CAPS) and unobserved(one, round0)
+    assert result_violations(one, req, CAPS) == [] and result_violations(one, req, round0) == []
+    counted = used.model_copy(update={"rounds": 1, "drafted": 3, "accept_lens": [0], "draft_lens": [3]})
+    assert not unobserved(one.model_copy(update={"speculation": counted}), round0)
+
+
 def test_text_is_the_tokens_decoded():
     """With the backend's decode(), a result's text is its tokens decoded, stop
     tokens left out, cut before the first stop string; a runtime that also

@@ -15,14 +15,16 @@ from dataclasses import dataclass, field
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
 
 
-def unobserved(res: GenerationResult) -> bool:
+def unobserved(res: GenerationResult, caps: Capabilities | None = None) -> bool:
     """Speculation reported used with no round statistics at all: a runtime
     that counts per response, not per sample (vLLM's n samples). Such a
     result's statistics are not judged (the result rules judge only its
-    finish); the tally counts it unobserved. A one-token result (ended at
-    the prefill's token) has no round to observe."""
+    finish); the tally counts it unobserved. A one-token result ended at the
+    prefill's token has no round to observe; where round 0 emits the first
+    token (first_token_from_prefill False, as mlx-lm) it has one."""
     s = res.speculation
-    return bool(s.used and not s.rounds and not s.drafted and len(res.tokens) > 1)
+    first_round_token = 1 if caps is not None and not caps.first_token_from_prefill else 2
+    return bool(s.used and not s.rounds and not s.drafted and len(res.tokens) >= first_round_token)
 
 
 class NotExercised(Exception):
@@ -84,7 +86,7 @@ class Tally:
             self.declared_off += [c for c in off if c not in self.declared_off]
             return
         self.used += int(s.used)
-        self.unobserved += int(unobserved(res))
+        self.unobserved += int(unobserved(res, caps))
         self.rounds += s.rounds
         self.drafted += s.drafted
         self.accepted += s.accepted

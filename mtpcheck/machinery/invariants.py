@@ -79,7 +79,7 @@ def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capab
     """The rules one result must obey: STATS-CONSISTENT's (statistics, finish
     reasons) and STOP-IN-BLOCK's that one output can show (with `decode`, the
     backend's detokenizer, its text too)."""
-    stats = finish_problems(res, req, caps) if unobserved(res) else stats_problems(res, req, caps)
+    stats = finish_problems(res, req, caps) if unobserved(res, caps) else stats_problems(res, req, caps)
     out = [Violation("STATS-CONSISTENT", p) for p in stats] + output_problems(res.tokens, res.text, req, caps)
     why = decode and text_problem(res.tokens, res.text, req, caps, decode)
     return out + ([Violation("STOP-IN-BLOCK", why)] if why else [])
