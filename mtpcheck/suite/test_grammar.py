@@ -49,6 +49,8 @@ def _language_problems(backend, caps, res, constraint) -> list[str]:
 
 
 @pytest.mark.contract("CONSTRAINT-LANGUAGE")
+@pytest.mark.exercise(reason="nine outputs of a word each have room for a dozen proposals; the clause's sampled-law "
+                             "test, 160 such requests, carries its exercise")
 def test_outputs_belong_to_the_language(mtp_backend, mtp_capabilities, mtp_fixture, mtp_seed, mtp_record):
     prompt, constraint = choice_for(mtp_backend, mtp_fixture)
     dfa = choice_dfa(mtp_backend, _constrained(prompt, constraint, SAMPLED, None))
