@@ -200,14 +200,23 @@ def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
     """Every statistical test's p-values over the suite runs, from the evidence
     the suite records (first stages only: an escalation is a fresh sample at
     its own share of alpha). A test that did not test (DIST-CONTEXT's pilot
-    with no informative context: df 0, p = 1) is left out."""
+    with no informative context: df 0, p = 1) is left out. A p-value that
+    repeats exactly under the same seed in another configuration is the same
+    sample (the plain path is the same engine whatever the speculative
+    configuration, and exact_match speculation reproduces it): counted once,
+    or the rate's interval would treat four copies as four runs."""
     out: dict[str, dict] = {}
+    seen: set[tuple[str, int, float]] = set()
+    seed = 0
 
     def add(test: str, clause: str, p: float, conservative: bool = False):
+        if (test, seed, float(p)) in seen:
+            return
+        seen.add((test, seed, float(p)))
         out.setdefault(test, {"clause": clause, "conservative": conservative, "p": []})["p"].append(float(p))
 
     for r in suite_runs:
-        ev = r["evidence"]
+        ev, seed = r["evidence"], r["seed"]
         for e in ev.get("DIST-EQUIV", []):
             first = e.get("stage1") or {"gtest_p": e["gtest"]["p_value"], "pit_ks_p": e["pit_ks"]["p_value"]}
             # over heterogeneous laws its chi-square reference is conservative (docs/statistics.md)
