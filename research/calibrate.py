@@ -206,17 +206,18 @@ def suite_pvalues(suite_runs: list[dict]) -> dict[str, dict]:
     configuration, and exact_match speculation reproduces it): counted once,
     or the rate's interval would treat four copies as four runs."""
     out: dict[str, dict] = {}
-    seen: set[tuple[str, int, float]] = set()
-    seed = 0
+    seen: set[tuple[str, int, int, float]] = set()  # (test, seed, its k-th p-value in the run, p)
+    seed, kth = 0, {}
 
     def add(test: str, clause: str, p: float, conservative: bool = False):
-        if (test, seed, float(p)) in seen:
+        kth[test] = kth.get(test, 0) + 1
+        if (test, seed, kth[test], float(p)) in seen:
             return
-        seen.add((test, seed, float(p)))
+        seen.add((test, seed, kth[test], float(p)))
         out.setdefault(test, {"clause": clause, "conservative": conservative, "p": []})["p"].append(float(p))
 
     for r in suite_runs:
-        ev, seed = r["evidence"], r["seed"]
+        ev, seed, kth = r["evidence"], r["seed"], {}
         for e in ev.get("DIST-EQUIV", []):
             first = e.get("stage1") or {"gtest_p": e["gtest"]["p_value"], "pit_ks_p": e["pit_ks"]["p_value"]}
             # over heterogeneous laws its chi-square reference is conservative (docs/statistics.md)

@@ -68,3 +68,13 @@ def test_a_rerun_after_a_fix_replaces_its_run_and_the_page_says_so(tmp_path):
     text = out.read_text()
     assert code == 0 and "**0 clause failures" in text
     assert "1 runs were rerun after a fix" in text and "seed 1 (had failed DIST-EQUIV)" in text and "The fix." in text
+
+
+def test_a_p_value_repeated_under_the_same_seed_is_one_sample():
+    """The plain path is the same engine in every configuration: its p-value
+    under one seed repeats exactly in each, and counts once; two subtests of
+    one run with equal p-values are two samples."""
+    rng = np.random.default_rng(5)
+    runs = [_run(rng, 1, g_p=0.2), _run(rng, 1, g_p=0.2), _run(rng, 2, g_p=0.2)]
+    runs[1]["config"] = "exact_match / mtp"
+    assert len(suite_pvalues(runs)["DIST-EQUIV rank G-test"]["p"]) == 4  # seeds 1 and 2, two subtests each
