@@ -398,8 +398,9 @@ def pytest_runtest_call(item):
             pytest.skip(found[1])
         if found:
             raise NotExercised(found[1])
-        if margin_of(counts, needs):
-            item.user_properties.append((MARGIN_PROPERTY, json.dumps(margin_of(counts, needs))))
+        margin = margin_of(counts, needs)
+        if margin:
+            item.user_properties.append((MARGIN_PROPERTY, json.dumps(margin)))
     return result
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
 
 
-def unobserved(res: GenerationResult, caps: Capabilities | None = None) -> bool:
+def unobserved(res: GenerationResult, caps: Capabilities) -> bool:
     """Speculation reported used with no round statistics at all: a runtime
     that counts per response, not per sample (vLLM's n samples). Such a
     result's statistics are not judged (the result rules judge only its
@@ -23,7 +23,7 @@ def unobserved(res: GenerationResult, caps: Capabilities | None = None) -> bool:
     prefill's token has no round to observe; where round 0 emits the first
     token (first_token_from_prefill False, as mlx-lm) it has one."""
     s = res.speculation
-    first_round_token = 1 if caps is not None and not caps.first_token_from_prefill else 2
+    first_round_token = 2 if caps.first_token_from_prefill else 1
     return bool(s.used and not s.rounds and not s.drafted and len(res.tokens) >= first_round_token)
 
 
@@ -122,11 +122,9 @@ def verdict(t: dict, needs: list[str]) -> tuple[str, str] | None:
 
 def margin_of(t: dict, needs: list[str]) -> dict | None:
     """The smallest count among what an exercised sample needs (accepted,
-    rejected): {"count", "what", "drafted"}; None when it needs nothing or made
-    no judged speculative request."""
-    if not needs or not t["requests"] or t["requests"] == t["unaccelerated"]:
-        return None
-    if t.get("unobserved") and t["unobserved"] == t["requests"] - t["unaccelerated"]:
+    rejected): {"count", "what", "drafted"}; None where verdict() has nothing
+    to pass (no need, no speculative request) or does not pass it."""
+    if not needs or not t["requests"] or verdict(t, needs) is not None:
         return None
     count, what = min((t[w], w) for w in needs if w in ("accepted", "rejected"))
     return {"count": count, "what": what, "drafted": t["drafted"]}

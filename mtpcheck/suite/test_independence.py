@@ -118,15 +118,15 @@ SAMPLES_N = 4  # samples per request (OpenAI's n)
 
 @pytest.mark.contract("SEED-SAMPLES-INDEPENDENT")
 def test_parallel_samples_reproduce(mtp_backend, mtp_capabilities, mtp_fixture, mtp_profile, mtp_seed, mtp_record):
-    problems = []
+    problems, n = [], samples_per_call(mtp_capabilities, SAMPLES_N)
     for i, prompt in enumerate(list(mtp_fixture.values())[:2]):
         req = request(prompt, mtp_profile.dist_tokens, SamplingParams(temperature=1.0, seed=mtp_seed + 101 * i),
                       spec_for(mtp_capabilities), stop_token_ids=[])
-        first = [r.tokens for r in mtp_backend.generate_n(req, samples_per_call(mtp_capabilities, SAMPLES_N))]
-        again = [r.tokens for r in mtp_backend.generate_n(req, samples_per_call(mtp_capabilities, SAMPLES_N))]
+        first = [r.tokens for r in mtp_backend.generate_n(req, n)]
+        again = [r.tokens for r in mtp_backend.generate_n(req, n)]
         problems += [f"prompt {i}, seed {req.sampling.seed}: sample {j} differs on the second call"
                      for j, (a, b) in enumerate(zip(first, again, strict=True)) if a != b]
-    mtp_record(n=samples_per_call(mtp_capabilities, SAMPLES_N), problems=problems)
+    mtp_record(n=n, problems=problems)
     assert not problems, "a seeded request's n samples do not reproduce: " + "; ".join(problems[:4])
 
 
