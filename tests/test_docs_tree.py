@@ -67,7 +67,7 @@ def test_bug_classes_list_every_mutant_under_its_class():
 
 def cited(text: str) -> set[str]:
     """Repository paths and `python -m` modules a page cites."""
-    paths = set(re.findall(r"(?<![\w/.-])((?:mtpcheck|research|benchmarks|tests|golden)/[\w/.-]+\.(?:py|toml|md|json))",
+    paths = set(re.findall(r"(?<![\w/.-])((?:mtpcheck|research|benchmarks|tests|golden)/[\w/.-]+\.(?:py|toml|md|json|jsonl|xz))(?![\w])",
                            text))
     modules = {m.replace(".", "/") for m in re.findall(r"python -m ((?:mtpcheck|research)(?:\.\w+)+)", text)}
     return paths | {m + ".py" if not (ROOT / m).is_dir() else m for m in modules}
