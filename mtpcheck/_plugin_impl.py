@@ -25,6 +25,7 @@ from mtpcheck.machinery.report import (
     EXERCISE_PROPERTY,
     MARGIN_PROPERTY,
     XFAIL_SECTION,
+    XPASS_PIN_PROPERTY,
     RunRecorder,
     is_clause_failure,
     match_lines,
@@ -275,6 +276,9 @@ def pytest_runtest_makereport(item, call):
     line = item.stash.get(STASH_XFAIL_LINE, None)
     rep = outcome.get_result()
     _send_broken_rules(item, rep)
+    if line is not None and rep.when == "call" and hasattr(rep, "wasxfail") and rep.passed and (
+            item.stash.get(STASH_XFAIL_UNEXERCISED, False) or item.stash.get(STASH_XFAIL_RAISES, None)):
+        rep.user_properties.append((XPASS_PIN_PROPERTY, line))
     if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
         return
     exc = call.excinfo.value

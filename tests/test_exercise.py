@@ -249,6 +249,20 @@ def test_check(mtp_backend):
     assert {n.split("::")[1]: t for n, t in data["tests"].items()}["test_check"]["outcome"] == "failed"
 
 
+def test_an_xpassed_exercise_none_line_is_not_called_fixed(tree):
+    """A runtime that accepts on some samples passes under its exercise=none line:
+    the closing hint keeps that line and calls only a deviation line fixed."""
+    (tree.path / "pinned.txt").write_text("test_down.py::test_greedy  exercise=none  # acceptance collapsed\n")
+    result, data = run(tree, "live", f"--mtp-xfails-file={tree.path / 'pinned.txt'}")
+    assert {n.split("::")[1]: t for n, t in data["tests"].items()}["test_greedy"]["outcome"] == "xpassed"
+    out = result.stdout.str()
+    assert "1 XPASSED under an exercise=none or raises= line" in out and "is fixed: remove it" not in out, out
+    (tree.path / "plain.txt").write_text("test_down.py::test_greedy  # a deviation of the check\n")
+    result, _ = run(tree, "live", f"--mtp-xfails-file={tree.path / 'plain.txt'}")
+    out = result.stdout.str()
+    assert "an XPASSED deviation line is fixed: remove it" in out and "exercise=none or raises=" not in out, out
+
+
 def test_constraint_language_owes_accepted_proposals(pytester):
     """A runtime that rejects every proposal (lossless plain output reported as
     speculation) passed CONSTRAINT-LANGUAGE's own checks: it now fails as not

@@ -41,6 +41,7 @@ EXERCISE_PROPERTY = "mtp_exercise"  # what the test's speculative results drafte
 MARGIN_PROPERTY = "mtp_exercise_margin"  # a passing test's fewest accepted (or rejected) proposals of those it needs
 CAPABILITIES_PROPERTY = "mtp_capabilities"  # an xdist worker's backend declaration, on its first report
 BROKEN_PROPERTY = "mtp_broken_rule"  # a result that broke a rule every result obeys (machinery.invariants)
+XPASS_PIN_PROPERTY = "mtp_xpass_pin"  # an XPASSED test's line documents what happens on some samples only
 KEPT_BROKEN = 10  # broken results a record keeps as evidence; it counts them all
 # a passing test's sample with fewer accepted (or rejected) proposals than this is named thin:
 # exp(-14) = 8e-7, the chance that a rerun at the same rate holds none
@@ -297,6 +298,7 @@ class RunRecorder:
     sink: Path | None = None
     running: dict = field(default_factory=dict)  # node id -> None, in start order
     crashed: list = field(default_factory=list)  # node ids an xdist worker died under
+    xpassed_pinned: set = field(default_factory=set)  # XPASSED under an exercise=none or raises= line
     # clause ids listed whole in the xfails file (-> its reason) and the skips file: a broken result rule
     # of such a clause is recorded xfailed, or not at all
     xfailed_clauses: dict = field(default_factory=dict)
@@ -331,6 +333,8 @@ class RunRecorder:
         exercise = next((json.loads(v) for k, v in reversed(report.user_properties) if k == EXERCISE_PROPERTY), None)
         for broken in (json.loads(v) for k, v in report.user_properties if k == BROKEN_PROPERTY):
             self.note_broken(report.nodeid, broken)
+        if any(k == XPASS_PIN_PROPERTY for k, _ in report.user_properties):
+            self.xpassed_pinned.add(report.nodeid)
         if not clauses and not evidence and report.nodeid not in self.collected and report.nodeid not in self.crashed:
             return
         entry = self.tests.setdefault(report.nodeid, {"clauses": clauses, "outcome": None,
@@ -551,11 +555,24 @@ class RunRecorder:
         if counts["failed"] or counts["error"] or counts["xpassed"]:
             lines.append("mtpcheck: next: a FAILED row's evidence is under clauses.<ID>.evidence in the JSON report; "
                          "a greedy divergence: `mtpcheck explain-divergence`; a documented deviation of your runtime "
-                         "goes in an xfails file (docs/adapters.md, 'Known deviations'); an XPASSED line is fixed: remove it")
+                         "goes in an xfails file (docs/adapters.md, 'Known deviations')"
+                         + self._xpassed_hint(counts["xpassed"]))
         elif counts["passed"] or counts["xfailed"]:
             lines.append("mtpcheck: next: judge your own runtime with --mtp-backend=package.module:factory "
                          "(docs/adapters.md); SKIPPED rows name the capability a clause needs")
         return lines
+
+    def _xpassed_hint(self, xpassed: int) -> str:
+        """An XPASSED deviation line is stale; an exercise=none or raises= line
+        documents what the runtime does on some samples, so its pass is no fix."""
+        if not xpassed:
+            return ""
+        pinned = sum(self.tests.get(n, {}).get("outcome") == "xpassed" for n in self.xpassed_pinned)
+        hint = "; an XPASSED deviation line is fixed: remove it" if xpassed > pinned else ""
+        if pinned:
+            hint += (f"; {pinned} XPASSED under an exercise=none or raises= line, which documents what the runtime "
+                     "does on some samples: keep it while the runtime still does it")
+        return hint
 
     def thin_lines(self) -> list[str]:
         """Tests that passed on a thin sample of speculation: k accepted (or
