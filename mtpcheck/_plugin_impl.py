@@ -37,7 +37,8 @@ STASH_BACKEND = pytest.StashKey[object]()
 STASH_XFAIL_LINE = pytest.StashKey[str]()
 STASH_XFAIL_SIDE = pytest.StashKey[str]()  # the side the matching xfails line documents (side=...)
 STASH_XFAIL_UNEXERCISED = pytest.StashKey[bool]()  # the matching line documents unexercised speculation
-STASH_XFAIL_RAISES = pytest.StashKey[str]()  # the exception class the matching line documents (raises=...)
+# the raises= line that applies: (no deviation line beside it, exception class name, reason)
+STASH_XFAIL_RAISES = pytest.StashKey[tuple]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
 STASH_CAPS_SENT = pytest.StashKey[bool]()
@@ -220,12 +221,16 @@ def pytest_collection_modifyitems(session, config, items):
         if not entries:
             continue
         # a rules= line covers broken result rules only (its records), never the tests it names
-        unmatched = match_lines([e for e in entries if not e.rules], suite_items, _clause_ids)
+        unmatched = match_lines([e for e in entries if not e.rules and not e.raises], suite_items, _clause_ids)
         unmatched["__unused__"] += [e.entry for e in entries if e.rules
                                     and not match_lines([e], suite_items, lambda _: ())["__matches__"]]
-        sides = {e.entry: e.side for e in entries}
+        # a raises= line applies beside a test's deviation line: which of the two shows can depend on state
+        # the suite does not choose (a server's prompt cache)
+        crashes = match_lines([e for e in entries if e.raises], suite_items, _clause_ids)
+        unmatched["__unused__"] += crashes["__unused__"]
+        sides = {e.entry: e.side for e in entries if not e.raises}
         unexercised = {e.entry for e in entries if e.unexercised}
-        raises = {e.entry: e.raises for e in entries if e.raises}
+        raises = {e.entry: (e.raises, e.reason) for e in entries if e.raises}
         for item, line, reason in unmatched.pop("__matches__"):
             if marker == "skip":
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -235,8 +240,15 @@ def pytest_collection_modifyitems(session, config, items):
                 if sides.get(line):
                     item.stash[STASH_XFAIL_SIDE] = sides[line]
                 item.stash[STASH_XFAIL_UNEXERCISED] = line in unexercised
-                if raises.get(line):
-                    item.stash[STASH_XFAIL_RAISES] = raises[line]
+        for item, line, reason in crashes["__matches__"]:
+            if marker == "skip":
+                item.add_marker(pytest.mark.skip(reason=reason))
+                continue
+            alone = STASH_XFAIL_LINE not in item.stash
+            if alone:
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
+                item.stash[STASH_XFAIL_LINE] = line
+            item.stash[STASH_XFAIL_RAISES] = (alone, *raises[line])
         for line in unmatched["__unused__"]:
             warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")
@@ -277,19 +289,21 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     _send_broken_rules(item, rep)
     if line is not None and rep.when == "call" and hasattr(rep, "wasxfail") and rep.passed and (
-            item.stash.get(STASH_XFAIL_UNEXERCISED, False) or item.stash.get(STASH_XFAIL_RAISES, None)):
+            item.stash.get(STASH_XFAIL_UNEXERCISED, False) or item.stash.get(STASH_XFAIL_RAISES, (False,))[0]):
         rep.user_properties.append((XPASS_PIN_PROPERTY, line))
     if line is None or not (hasattr(rep, "wasxfail") and rep.skipped) or call.excinfo is None:
         return
     exc = call.excinfo.value
     unexercised = item.stash.get(STASH_XFAIL_UNEXERCISED, False)
-    raises = item.stash.get(STASH_XFAIL_RAISES, None)
+    alone, raises, crash_reason = item.stash.get(STASH_XFAIL_RAISES, (False, None, None))
     if raises:
         from mtpcheck.contracts.errors import BackendError
 
         raised = [type(e).__name__ for e in (exc, exc.__cause__) if e is not None]
         if isinstance(exc, BackendError) and raises in raised:
+            rep.wasxfail = crash_reason
             return
+    if alone:
         why = (f"xfails line {line!r} documents the backend raising {raises} (raises=), this test "
                + ("failed the clause's check:" if is_clause_failure(exc) else f"raised {' from '.join(raised)}:"))
     elif type(exc).__name__ == "NotExercised" or unexercised:

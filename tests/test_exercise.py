@@ -305,6 +305,16 @@ def test_check(mtp_backend):
 ''')
     assert outcome("live", "test_check.py::test_check  raises=BackendRaised  # R1", "test_check")[0]["outcome"] \
         == "failed"
+    # a raises= line applies beside a deviation line: either covers what it documents, nothing else does
+    two = "test_check.py::test_check  # D1: the check\ntest_check.py::test_check  raises=ConnectionError  # R1\n"
+    rec = outcome("live", two, "test_check")[0]
+    assert rec["outcome"] == "xfailed" and rec["message"].startswith("D1"), rec
+    rec = outcome("raising", two.replace("test_check.py::test_check", "test_down.py::test_greedy"))[0]
+    assert rec["outcome"] == "xfailed" and rec["message"].startswith("R1"), rec
+    rec, result = outcome("raising", two.replace("test_check.py::test_check", "test_down.py::test_greedy")
+                          .replace("ConnectionError", "TimeoutError"))
+    assert rec["outcome"] == "failed", rec
+    result.stdout.fnmatch_lines(["*not the documented deviation*covers a failure of the clause's check*"])
     (tree.path / "both.txt").write_text("test_down.py::test_greedy  raises=BackendRaised  side=both  # R1\n")
     result = tree.runpytest_inprocess("-p", "no:cacheprovider", "--mtp-backend=fakeexercise:raising",
                                       f"--mtp-xfails-file={tree.path / 'both.txt'}")
