@@ -72,7 +72,7 @@ NULL_ALPHA = 0.05
 
 def suite_calibration(seeds: list[int], jobs: int, seed_free_once: bool = True, configs: dict | None = None,
                       clauses: list[str] | None = None, progress=print, backend: str = "toy",
-                      sink=None) -> list[dict]:
+                      sink=None, call_timeout: float = 120.0) -> list[dict]:
     """One suite run per (config, seed); returns one record per run, and hands
     each to `sink` as it finishes (a long calibration keeps what it ran)."""
     configs = configs or BACKEND_CONFIGS[backend]
@@ -86,7 +86,8 @@ def suite_calibration(seeds: list[int], jobs: int, seed_free_once: bool = True, 
             name, seed, cl = task
             path = Path(tmp) / f"{name.replace(' ', '').replace('/', '_')}-{seed}.json"
             code, data, tail, secs = suite_run(backend_args(configs[name], REGISTRY_NAME.get(backend, backend)), cl,
-                                               path, "ci", seed)
+                                               path, "ci", seed, timeout=max(1800.0, 10 * call_timeout),
+                                               call_timeout=call_timeout)
             rec = {"config": name, "seed": seed, "returncode": code, "seconds": secs, "clauses": {}, "evidence": {},
                    "error": "" if data is not None and code in (0, 1) else tail}
             for cid, row in (data or {}).get("clauses", {}).items():
@@ -397,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=50)
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--call-timeout", type=float, default=120.0,
+                   help="seconds a backend call may take (--mtp-timeout; the suite's default 120): raise it where the "
+                        "runs share their CPUs, so a starved call is not a runner failure")
     p.add_argument("--null-runs", type=int, default=240)
     p.add_argument("--generations", type=int, default=20, help="generate() calls per null run")
     p.add_argument("--every-seed", action="store_true", help="run seed-free clauses under every seed too")
@@ -435,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(rec) + "\n")
 
     suite_runs = [] if args.skip_suite else suite_calibration(seeds, args.jobs, not args.every_seed, configs,
-                                                              clauses=clauses, backend=args.backend, sink=sink)
+                                                              clauses=clauses, backend=args.backend, sink=sink,
+                                                              call_timeout=args.call_timeout)
     null_runs = [] if args.skip_null else null_calibration(args.null_runs, args.generations, args.jobs)
     earlier = args.earlier_wall_s
     for path in args.reuse:
@@ -461,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 suite_runs[i] = again
         earlier += rerun["meta"]["wall_s"]
     meta = {"cpus": os.cpu_count(), "wall_s": time.perf_counter() - t0 + earlier, "generations": args.generations,
-            "seed_free_once": not args.every_seed, "clauses": clauses, "backend": args.backend,
+            "seed_free_once": not args.every_seed, "clauses": clauses, "call_timeout": args.call_timeout, "backend": args.backend,
             "replaced": replaced, "replaced_why": args.replaced_why, "machines": args.machines, "note": args.note}
     Path(args.out).write_text(render(suite_runs, null_runs, meta))
     if args.json:

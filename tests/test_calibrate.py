@@ -3,6 +3,7 @@ evidence the suite records, and a rate that does not fit its level fails."""
 
 import numpy as np
 
+from research import calibrate
 from research.calibrate import coincidence_ratios, rate_row, render, suite_pvalues
 
 
@@ -78,3 +79,27 @@ def test_a_p_value_repeated_under_the_same_seed_is_one_sample():
     runs = [_run(rng, 1, g_p=0.2), _run(rng, 1, g_p=0.2), _run(rng, 2, g_p=0.2)]
     runs[1]["config"] = "exact_match / mtp"
     assert len(suite_pvalues(runs)["DIST-EQUIV rank G-test"]["p"]) == 4  # seeds 1 and 2, two subtests each
+
+
+def test_the_call_timeout_reaches_each_suite_run(monkeypatch, tmp_path):
+    """Runs that share their CPUs starve a call past the suite's 120 s: --call-timeout
+    raises what each backend call may take, and the whole run's limit with it."""
+    import subprocess
+
+    from mtpcheck.mutants import run as mutants_run
+
+    seen = []
+
+    def fake(cmd, **kw):
+        seen.append((cmd, kw["timeout"]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(mutants_run.subprocess, "run", fake)
+    calibrate.suite_calibration([1], 1, configs={"c": {}}, clauses=["REQ-BLOCK"], backend="toy",
+                                progress=lambda _: None, call_timeout=600)
+    (cmd, whole), = seen
+    assert "--mtp-timeout=600" in cmd and whole == 6000
+    seen.clear()
+    calibrate.suite_calibration([1], 1, configs={"c": {}}, clauses=["REQ-BLOCK"], backend="toy",
+                                progress=lambda _: None)
+    assert "--mtp-timeout=120" in seen[0][0] and seen[0][1] == 1800

@@ -144,13 +144,15 @@ def suite_command(backend_args: list[str], clauses: list[str] | None, json_path:
 
 def suite_run(backend_args: list[str], clauses: list[str] | None, json_path: Path, profile: str = "ci",
               seed: int = 1234, select: str | None = None, timeout: float = 900.0,
-              shrink: bool = True) -> tuple[int | None, dict | None, str, float]:
-    """Run the suite in a subprocess: (return code, JSON report or None, output tail, seconds)."""
+              shrink: bool = True, call_timeout: float = 120.0) -> tuple[int | None, dict | None, str, float]:
+    """Run the suite in a subprocess: (return code, JSON report or None, output tail, seconds).
+    timeout: the whole run's; call_timeout: each backend call's (--mtp-timeout)."""
     json_path.unlink(missing_ok=True)
     env = {**os.environ, "MLX_DISABLE_COMPILE": "1"}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(suite_command(backend_args, clauses, json_path, profile, seed, select, shrink=shrink),
+        proc = subprocess.run(suite_command(backend_args, clauses, json_path, profile, seed, select, call_timeout,
+                                            shrink=shrink),
                               cwd=json_path.parent, capture_output=True, text=True, timeout=timeout, env=env)
         code, tail = proc.returncode, (proc.stdout + proc.stderr)[-2000:]
     except subprocess.TimeoutExpired as exc:
