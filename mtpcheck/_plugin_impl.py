@@ -230,7 +230,7 @@ def pytest_collection_modifyitems(session, config, items):
         unmatched["__unused__"] += crashes["__unused__"]
         sides = {e.entry: e.side for e in entries if not e.raises}
         unexercised = {e.entry for e in entries if e.unexercised}
-        raises = {e.entry: (e.raises, e.reason) for e in entries if e.raises}
+        raises = {e.entry: e.raises for e in entries if e.raises}
         for item, line, reason in unmatched.pop("__matches__"):
             if marker == "skip":
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -248,7 +248,7 @@ def pytest_collection_modifyitems(session, config, items):
             if alone:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
                 item.stash[STASH_XFAIL_LINE] = line
-            item.stash[STASH_XFAIL_RAISES] = (alone, *raises[line])
+            item.stash[STASH_XFAIL_RAISES] = (alone, raises[line], reason)
         for line in unmatched["__unused__"]:
             warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")

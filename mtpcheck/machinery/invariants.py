@@ -74,13 +74,18 @@ def text_problem(tokens: list[int], text: str, req: GenerationRequest, caps: Cap
             f"{len(w)}; {text_difference(text, w)}")
 
 
+def observed_stats_problems(res: GenerationResult, req: GenerationRequest, caps: Capabilities) -> list[str]:
+    """STATS-CONSISTENT's problems of one result, as far as it was observed: a
+    result with no round statistics at all (exercise.unobserved) on its finish only."""
+    return finish_problems(res, req, caps) if unobserved(res, caps) else stats_problems(res, req, caps)
+
+
 def result_violations(res: GenerationResult, req: GenerationRequest, caps: Capabilities,
                       decode: Callable[[list[int]], str] | None = None) -> list[Violation]:
     """The rules one result must obey: STATS-CONSISTENT's (statistics, finish
     reasons) and STOP-IN-BLOCK's that one output can show (with `decode`, the
     backend's detokenizer, its text too)."""
-    stats = finish_problems(res, req, caps) if unobserved(res, caps) else stats_problems(res, req, caps)
-    out = [Violation("STATS-CONSISTENT", p) for p in stats] + output_problems(res.tokens, res.text, req, caps)
+    out = [Violation("STATS-CONSISTENT", p) for p in observed_stats_problems(res, req, caps)] + output_problems(res.tokens, res.text, req, caps)
     why = decode and text_problem(res.tokens, res.text, req, caps, decode)
     return out + ([Violation("STOP-IN-BLOCK", why)] if why else [])
 

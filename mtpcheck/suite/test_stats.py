@@ -6,6 +6,7 @@ from mtpcheck.contracts import SamplingParams
 from mtpcheck.machinery.checks import finish_problems, stats_problems
 from mtpcheck.machinery.configs import request, spec_for, without_speculation
 from mtpcheck.machinery.exercise import unobserved
+from mtpcheck.machinery.invariants import observed_stats_problems
 from mtpcheck.machinery.seeds import samples_per_call
 from mtpcheck.machinery.strategies import sampling_params
 
@@ -30,9 +31,7 @@ def test_statistics_agree_with_the_stream(mtp_backend, mtp_capabilities, mtp_fix
         req = request(mtp_fixture[prompt], max_tokens, sp.model_copy(update={"seed": mtp_seed + seed}),
                       spec_for(mtp_capabilities, depth))
         res = mtp_backend.generate(req)
-        # a result with no round statistics at all (no counters) is judged on its finish only, as every result is
-        problems = (finish_problems(res, req, mtp_capabilities) if unobserved(res, mtp_capabilities)
-                    else stats_problems(res, req, mtp_capabilities))
+        problems = observed_stats_problems(res, req, mtp_capabilities)
         if not problems:
             return
         side = "speculative"
