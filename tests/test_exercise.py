@@ -66,6 +66,31 @@ class Raising(Fake):
 
 def raising():
     return Raising(1)
+
+
+class Seeded(Fake):
+    """Accepts on odd request seeds only: a live drafter whose acceptance is low enough that a sample holds none."""
+
+    def generate(self, req):
+        self.accepted = 1 if (req.sampling.seed or 0) % 2 else 0
+        return super().generate(req)
+
+
+def seeded():
+    return Seeded(0)
+'''
+
+SEEDED = '''
+import pytest
+from mtpcheck.contracts import GenerationRequest, SamplingParams
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+def test_seeded(mtp_backend, mtp_seed, mtp_record):
+    mtp_record(seed=mtp_seed)
+    assert mtp_backend.generate(GenerationRequest(
+        prompt_tokens=[1], max_tokens=8, sampling=SamplingParams(temperature=1.0, seed=mtp_seed),
+        speculation={"mode": "native_mtp", "num_draft_tokens": 3})).tokens
 '''
 
 DOWN = '''
@@ -139,6 +164,48 @@ def test_dead_speculation_cannot_read_green(tree):
     assert data["clauses"]["GREEDY-EQUIV"]["exercise"]["requests"] == 2
     result.stdout.fnmatch_lines(["STATS-CONSISTENT*SKIPPED*unaccelerated (1 req)*",
                                  "GREEDY-EQUIV*FAILED*acc 0/42, rej 42, 2 req  speculation not exercised*"])
+
+
+MOVED = 1234 + 0x9E3779B9  # the redraw's base seed for --mtp-seed=1234 (odd: the seeded fake accepts there)
+
+
+def test_a_seeded_sample_that_held_none_is_drawn_once_more(tree):
+    """A live drafter whose seed-1234 sample holds no accepted proposal is not
+    failed on that chance: the seeded test is drawn again at a moved seed and
+    judged on that sample, and the first sample stays in the report."""
+    tree.makepyfile(test_seeded=SEEDED)
+    result, data = run(tree, "seeded", "test_seeded.py")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    t = next(iter(data["tests"].values()))
+    assert t["outcome"] == "passed" and t["evidence"] == [{"seed": MOVED}]
+    assert t["exercise"]["accepted"] == 3 and t["exercise_margin"]["count"] == 3
+    first = t["exercise_redraw"]
+    assert (first["seed"], first["redraw_seed"]) == (1234, MOVED) and first["evidence"] == [{"seed": 1234}]
+    assert first["exercise"]["accepted"] == 0 and first["message"].startswith("speculation not exercised: 0 of 21")
+    result.stdout.fnmatch_lines(["mtpcheck: redrawn: 1 seeded test(s) held nothing of what they need at the run's "
+                                 "seed and were judged on a second sample*: test_seeded"])
+    # a first sample that exercised is judged as it is: no redraw
+    result, data = run(tree, "seeded", "test_seeded.py", "--mtp-seed=1235")
+    t = next(iter(data["tests"].values()))
+    assert t["outcome"] == "passed" and t["exercise_redraw"] is None and t["evidence"] == [{"seed": 1235}]
+
+
+def test_a_dead_drafter_fails_at_both_seeds(tree):
+    tree.makepyfile(test_seeded=SEEDED)
+    result, data = run(tree, "dead", "test_seeded.py", "test_down.py")
+    tests = {n.split("::")[1]: t for n, t in data["tests"].items()}
+    t = tests["test_seeded"]
+    assert t["outcome"] == "failed" and t["exercise_redraw"]["seed"] == 1234
+    assert (f"speculation not exercised: 0 of 21 proposals accepted over 1 speculative requests (1 reported used, "
+            f"7 rounds), drawn again at base seed {MOVED}; at seed 1234: speculation not exercised: 0 of 21") in \
+        t["message"]
+    # a test that does not take the seed would draw the same sample: not redrawn
+    assert tests["test_greedy"]["outcome"] == "failed" and tests["test_greedy"]["exercise_redraw"] is None
+    # a line pinned exercise=none documents the unexercised sample: not redrawn, xfailed
+    (tree.path / "pinned.txt").write_text("test_seeded.py::test_seeded  exercise=none  # acceptance collapsed\n")
+    result, data = run(tree, "seeded", "test_seeded.py", f"--mtp-xfails-file={tree.path / 'pinned.txt'}")
+    t = next(iter(data["tests"].values()))
+    assert t["outcome"] == "xfailed" and t["exercise_redraw"] is None
 
 
 def test_live_speculation_passes_with_its_counts(tree):

@@ -196,7 +196,7 @@ def test_a_full_run_is_complete(tree):
     result, data = run(tree, BACKEND, "test_down.py")
     assert result.ret == 0 and data["complete"] and data["incomplete_reasons"] == [] and data["exit_status"] == 0
     assert data["not_run"] == {"clauses": {}, "tests": []}
-    assert data["schema_version"] == 5 and data["seed"] == 1234 and data["profile"] == "ci"
+    assert data["schema_version"] == 6 and data["seed"] == 1234 and data["profile"] == "ci"
     assert data["versions"]["mtpcheck"] and data["versions"]["python"]
 
 
@@ -272,7 +272,7 @@ def test_mtp_record_without_a_contract_marker_is_recorded(tree):
     _, data = run(tree, BACKEND, "test_down.py", "test_plain.py")
     assert data["tests"]["test_plain.py::test_plain"] == {
         "clauses": [], "outcome": "passed", "message": "", "evidence": [{"speedup": 1.5}], "exercise": None,
-        "exercise_margin": None,
+        "exercise_margin": None, "exercise_redraw": None,
         "deviating_side": None, "found_in": None, "broken_rules": [], "broken_count": 0,
         "duration_s": data["tests"]["test_plain.py::test_plain"]["duration_s"]}
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Capabilities
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 Outcome = Literal["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 Reason = Literal["interrupted", "maxfail", "subset", "collection error", "backend failed to load", "internal error",
                  "crashed", "unfinished"]
@@ -52,6 +52,18 @@ class ExerciseMargin(_Model):
     drafted: int
 
 
+class ExerciseRedraw(_Model):
+    """A seeded test that passed on a sample holding nothing of what its
+    clauses need, drawn once more at a moved base seed: the first sample.
+    The test's outcome, `exercise` and `evidence` are the redrawn sample's."""
+
+    seed: int = Field(description="the first sample's base seed (the run's)")
+    redraw_seed: int = Field(description="the base seed of the redrawn sample")
+    exercise: Exercise = Field(description="what the first sample's speculative results drafted and accepted")
+    message: str = Field(description="why the first sample did not count: 'speculation not exercised: ...'")
+    evidence: list[dict[str, Any]] = Field(default_factory=list, description="the first sample's mtp_record(...) calls")
+
+
 class BrokenRule(_Model):
     """A result that broke a rule every result obeys (mtpcheck.machinery.invariants),
     with the call that produced it."""
@@ -78,6 +90,8 @@ class TestRecord(_Model):
     exercise: Exercise | None = Field(None, description="null: the test received no speculative result")
     exercise_margin: ExerciseMargin | None = Field(
         None, description="a test that passed its exercise check: its thinnest need; below 14 the run names it thin")
+    exercise_redraw: ExerciseRedraw | None = Field(
+        None, description="set where the first sample exercised nothing and the seeded test was drawn again")
     deviating_side: Literal["speculative", "plain", "both"] | None = Field(
         None, description="the side a failing test named: the speculative path, the plain path, or both (a finding"
         " of the runtime, not of speculation); null where it named none")
@@ -115,7 +129,7 @@ class NotRun(_Model):
 class RunReport(_Model):
     """The JSON report of one suite run (--mtp-json, `mtpcheck run --json`)."""
 
-    schema_version: Literal[5] = SCHEMA_VERSION
+    schema_version: Literal[6] = SCHEMA_VERSION
     complete: bool = Field(description="every collected suite test ran, none deselected, and the run was not cut short")
     incomplete_reasons: list[Reason] = Field(default_factory=list, description="empty when complete")
     exit_status: int = Field(description="pytest's exit status: 0 passed, 1 failed, 2 interrupted, 3 internal, 4 usage")

@@ -38,6 +38,7 @@ OUTCOME_ORDER = ["failed", "error", "xpassed", "xfailed", "passed", "skipped"]
 # the user_properties keys a suite test carries; plain strings, so JUnit XML shows them as they are
 CLAUSE_PROPERTY, EVIDENCE_PROPERTY = "clause", "mtp_evidence"
 EXERCISE_PROPERTY = "mtp_exercise"  # what the test's speculative results drafted and accepted (machinery.exercise)
+REDRAW_PROPERTY = "mtp_exercise_redraw"  # a seeded test drawn again: the first sample's seed, counts and evidence
 MARGIN_PROPERTY = "mtp_exercise_margin"  # a passing test's fewest accepted (or rejected) proposals of those it needs
 CAPABILITIES_PROPERTY = "mtp_capabilities"  # an xdist worker's backend declaration, on its first report
 BROKEN_PROPERTY = "mtp_broken_rule"  # a result that broke a rule every result obeys (machinery.invariants)
@@ -352,6 +353,9 @@ class RunRecorder:
         margin = next((json.loads(v) for k, v in report.user_properties if k == MARGIN_PROPERTY), None)
         if margin is not None:
             entry["exercise_margin"] = margin
+        redraw = next((json.loads(v) for k, v in report.user_properties if k == REDRAW_PROPERTY), None)
+        if redraw is not None:
+            entry["exercise_redraw"] = redraw
         side = side_of(evidence)
         if side:
             entry["deviating_side"] = side
@@ -580,13 +584,18 @@ class RunRecorder:
         drawn afresh (another seed, a runtime whose output varies run to run)
         holds none with probability about exp(-k) and fails `speculation not
         exercised`: a green run that may not repeat, said before it happens."""
+        redrawn = [n.split("::", 1)[-1] for n, e in self.tests.items()
+                   if e.get("exercise_redraw") and e["outcome"] != "failed"]
+        out = [f"mtpcheck: redrawn: {len(redrawn)} seeded test(s) held nothing of what they need at the run's seed "
+               f"and were judged on a second sample, a sign of thin exercise (tests.<id>.exercise_redraw): "
+               f"{'; '.join(redrawn[:4])}{'; ...' if len(redrawn) > 4 else ''}"] if redrawn else []
         thin = sorted((m["count"], nodeid, m) for nodeid, e in self.tests.items() if (m := e.get("exercise_margin"))
                       and e["outcome"] == "passed" and m["count"] < THIN)  # xpassed: its line documents it
         if not thin:
-            return []
+            return out
         listed = "; ".join(f"{n.split('::', 1)[-1]} ({m['count']} {m['what']} of {m['drafted']})" for _, n, m in thin[:4])
         many = f"{len(thin)} passing tests rest" if len(thin) > 1 else "1 passing test rests"
-        return [f"mtpcheck: thin exercise: {many} on fewer than {THIN} proposals of what they "
+        return out + [f"mtpcheck: thin exercise: {many} on fewer than {THIN} proposals of what they "
                 f"need (drawn afresh, such a sample holds none with probability about exp(-k), up to "
                 f"{math.exp(-thin[0][0]):.2g}, and fails 'speculation not exercised'): {listed}{'; ...' if len(thin) > 4 else ''} (docs/report.md, "
                 f"'Exercise')"]
