@@ -38,7 +38,7 @@ STASH_BACKEND = pytest.StashKey[object]()
 STASH_XFAIL_LINE = pytest.StashKey[str]()
 STASH_XFAIL_SIDE = pytest.StashKey[str]()  # the side the matching xfails line documents (side=...)
 STASH_XFAIL_UNEXERCISED = pytest.StashKey[bool]()  # the matching line documents unexercised speculation
-# the raises= line that applies: (no deviation line beside it, exception class name, reason)
+# the raises= lines that apply: (no deviation line beside them, {exception class name: reason})
 STASH_XFAIL_RAISES = pytest.StashKey[tuple]()
 STASH_RECORDER = pytest.StashKey[RunRecorder]()
 STASH_SETTINGS = pytest.StashKey[dict]()
@@ -226,32 +226,33 @@ def pytest_collection_modifyitems(session, config, items):
         unmatched["__unused__"] += [e.entry for e in entries if e.rules
                                     and not match_lines([e], suite_items, lambda _: ())["__matches__"]]
         # a raises= line applies beside a test's deviation line: which of the two shows can depend on state
-        # the suite does not choose (a server's prompt cache)
-        crashes = match_lines([e for e in entries if e.raises], suite_items, _clause_ids)
+        # the suite does not choose (a server's prompt cache); a test may have several, one per exception
+        crashes = match_lines([e for e in entries if e.raises], suite_items, _clause_ids, every=True)
         unmatched["__unused__"] += crashes["__unused__"]
-        sides = {e.entry: e.side for e in entries if not e.raises}
-        unexercised = {e.entry for e in entries if e.unexercised}
-        raises = {e.entry: e.raises for e in entries if e.raises}
-        for item, line, reason in unmatched.pop("__matches__"):
+        for item, line in unmatched.pop("__matches__"):
             if marker == "skip":
-                item.add_marker(pytest.mark.skip(reason=reason))
+                item.add_marker(pytest.mark.skip(reason=line.reason))
             else:
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
-                item.stash[STASH_XFAIL_LINE] = line
-                if sides.get(line):
-                    item.stash[STASH_XFAIL_SIDE] = sides[line]
-                item.stash[STASH_XFAIL_UNEXERCISED] = line in unexercised
-        for item, line, reason in crashes["__matches__"]:
+                item.add_marker(pytest.mark.xfail(reason=line.reason, strict=strict))
+                item.stash[STASH_XFAIL_LINE] = line.entry
+                if line.side:
+                    item.stash[STASH_XFAIL_SIDE] = line.side
+                item.stash[STASH_XFAIL_UNEXERCISED] = line.unexercised
+        for item, line in crashes["__matches__"]:
             if marker == "skip":
-                item.add_marker(pytest.mark.skip(reason=reason))
+                item.add_marker(pytest.mark.skip(reason=line.reason))
                 continue
-            alone = STASH_XFAIL_LINE not in item.stash
-            if alone:
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
-                item.stash[STASH_XFAIL_LINE] = line
-            item.stash[STASH_XFAIL_RAISES] = (alone, raises[line], reason)
+            alone, raises = item.stash.get(STASH_XFAIL_RAISES, (STASH_XFAIL_LINE not in item.stash, {}))
+            if alone and not raises:
+                item.add_marker(pytest.mark.xfail(reason=line.reason, strict=strict))
+                item.stash[STASH_XFAIL_LINE] = line.entry
+            raises.setdefault(line.raises, line.reason)
+            item.stash[STASH_XFAIL_RAISES] = (alone, raises)
         for line in unmatched["__unused__"]:
-            warnings.warn(f"{option}: line {line!r} matches no collected test", pytest.PytestWarning, stacklevel=1)
+            shadowed = match_lines([(line, "")], suite_items, _clause_ids)["__matches__"]
+            warnings.warn(f"{option}: line {line!r} " + ("names only tests an earlier line names: the first line that "
+                          "names a test applies" if shadowed else "matches no collected test"),
+                          pytest.PytestWarning, stacklevel=1)
     wanted = config.getoption("--mtp-clauses")
     if wanted:
         ids = {w.strip() for w in wanted.split(",") if w.strip()}
@@ -296,16 +297,17 @@ def pytest_runtest_makereport(item, call):
         return
     exc = call.excinfo.value
     unexercised = item.stash.get(STASH_XFAIL_UNEXERCISED, False)
-    alone, raises, crash_reason = item.stash.get(STASH_XFAIL_RAISES, (False, None, None))
+    alone, raises = item.stash.get(STASH_XFAIL_RAISES, (False, {}))
     if raises:
         from mtpcheck.contracts.errors import BackendError
 
         raised = [type(e).__name__ for e in (exc, exc.__cause__) if e is not None]
-        if isinstance(exc, BackendError) and raises in raised:
-            rep.wasxfail = crash_reason
+        covering = next((r for r in raises if r in raised), None) if isinstance(exc, BackendError) else None
+        if covering:
+            rep.wasxfail = raises[covering]
             return
     if alone:
-        why = (f"xfails line {line!r} documents the backend raising {raises} (raises=), this test "
+        why = (f"xfails line {line!r} documents the backend raising {' or '.join(raises)} (raises=), this test "
                + ("failed the clause's check:" if is_clause_failure(exc) else f"raised {' from '.join(raised)}:"))
     elif type(exc).__name__ == "NotExercised" or unexercised:
         if type(exc).__name__ == "NotExercised" and unexercised:

@@ -382,6 +382,17 @@ def test_check(mtp_backend):
                           .replace("ConnectionError", "TimeoutError"))
     assert rec["outcome"] == "failed", rec
     result.stdout.fnmatch_lines(["*not the documented deviation*covers a failure of the clause's check*"])
+    # several raises= lines for one test: each covers its own exception, the message is the covering line's
+    many = "test_down.py::test_greedy  raises=TimeoutError  # R2\ntest_down.py::test_greedy  raises=ConnectionError  # R1\n"
+    rec, result = outcome("raising", many)
+    assert rec["outcome"] == "xfailed" and rec["message"].startswith("R1"), rec
+    assert "matches no collected test" not in result.stdout.str()
+    rec, result = outcome("raising", many.replace("ConnectionError", "KeyError"))
+    assert rec["outcome"] == "failed", rec
+    result.stdout.fnmatch_lines(["*documents the backend raising TimeoutError or KeyError (raises=)*"])
+    # a second deviation line naming the same test never applies: the warning says why
+    _, result = outcome("live", "test_down.py::test_greedy  # D1\ntest_down.py::test_greedy  side=plain  # D2\n")
+    result.stdout.fnmatch_lines(["*line 'test_down.py::test_greedy' names only tests an earlier line names*"])
     (tree.path / "both.txt").write_text("test_down.py::test_greedy  raises=BackendRaised  side=both  # R1\n")
     result = tree.runpytest_inprocess("-p", "no:cacheprovider", "--mtp-backend=fakeexercise:raising",
                                       f"--mtp-xfails-file={tree.path / 'both.txt'}")

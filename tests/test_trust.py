@@ -119,7 +119,7 @@ def test_node_ids_of_every_rootdir_normalise_to_the_shipped_form():
     items = [Item(name, path, ["REPORT-NO-SILENT-FALLBACK"]), Item("test_x.py::t", "/elsewhere/test_x.py")]
     out = match_lines([("mtpcheck/suite/test_report.py::test_unsupported", "why"), ("test_x.py", "mine"),
                        ("mtpcheck/suite/test_gone.py", "stale")], items, lambda i: i.clauses)
-    assert [(i.nodeid, line) for i, line, _ in out["__matches__"]] == [
+    assert [(i.nodeid, line[0]) for i, line in out["__matches__"]] == [
         (name, "mtpcheck/suite/test_report.py::test_unsupported"), ("test_x.py::t", "test_x.py")]
     assert out["__unused__"] == ["mtpcheck/suite/test_gone.py"]
 

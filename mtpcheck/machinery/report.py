@@ -192,19 +192,22 @@ def entry_id(entry: str) -> str:
     return entry
 
 
-def match_lines(entries, items, clause_ids) -> dict:
-    """Which items each entry selects (by clause id, or by node-id prefix in
-    either the item's own form or the shipped form)."""
+def match_lines(entries, items, clause_ids, every: bool = False) -> dict:
+    """Which items each entry (an IdLine, or any (entry, reason, ...) tuple)
+    selects, by clause id or by node-id prefix in either the item's own form
+    or the shipped form: (item, line) pairs, the first matching line per item
+    (`every`: each matching line)."""
     matches, used = [], set()
     for item in items:
         ids = (item.nodeid, suite_id(item.nodeid, getattr(item, "path", None)))
-        for line in entries:
+        for n, line in enumerate(entries):
             entry = line[0]
             if entry in clause_ids(item) or any(i.startswith(p) for i in ids for p in {entry, entry_id(entry)}):
-                matches.append((item, entry, line[1]))
-                used.add(entry)
-                break
-    return {"__matches__": matches, "__unused__": [line[0] for line in entries if line[0] not in used]}
+                matches.append((item, line))
+                used.add(n)
+                if not every:
+                    break
+    return {"__matches__": matches, "__unused__": [line[0] for n, line in enumerate(entries) if n not in used]}
 
 
 def is_clause_failure(exc: BaseException) -> bool:
