@@ -9,6 +9,7 @@ from .errors import (
     check_prompt_length,
 )
 from .models import (
+    SEED_LIMIT,
     Capabilities,
     Event,
     FinishEvent,
@@ -26,6 +27,7 @@ from .models import (
 )
 
 __all__ = [
+    "SEED_LIMIT",
     "BackendError",
     "Capabilities",
     "Event",

@@ -23,6 +23,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+SEED_LIMIT = 2**63  # seeds travel as int64 in the engines and numpy generators
+
+
 class SamplingParams(_Strict):
     """Sampling controls. Processing order (engine/sampling.py): logit bias,
     penalties, temperature, top-k, top-p, min-p; temperature 0 is greedy."""
@@ -35,7 +38,7 @@ class SamplingParams(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[int, float] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
 
     def speculation_blockers(self) -> list[str]:
         """Controls that speculation cannot honour here (seed 001): non-neutral

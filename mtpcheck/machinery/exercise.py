@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtpcheck.contracts import Capabilities, GenerationRequest, GenerationResult, SamplingParams
+from mtpcheck.contracts import (
+    SEED_LIMIT,
+    Capabilities,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 
 
 def unobserved(res: GenerationResult, caps: Capabilities) -> bool:
@@ -34,8 +40,6 @@ REDRAW_STEP = 0x9E3779B9
 def redraw_seed(seed: int) -> int:
     """The base seed at which a seeded test that passed on a sample holding
     nothing of what it needs is drawn once more (the plugin's redraw)."""
-    from mtpcheck.machinery.settings import SEED_LIMIT
-
     return (seed + REDRAW_STEP) % SEED_LIMIT
 
 

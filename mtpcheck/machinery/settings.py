@@ -8,11 +8,7 @@ import os
 from pathlib import Path
 
 from mtpcheck.backends import check_backend_options, factory_options  # noqa: F401 - part of the start-up checks
-from mtpcheck.contracts import SettingsError
-
-SEED_LIMIT = 2**63  # seeds travel as int64 in the engines and numpy generators
-
-
+from mtpcheck.contracts import SEED_LIMIT, SettingsError
 
 
 def check_timeout(value: float | str | None, option: str = "--mtp-timeout") -> float | None:
