@@ -415,8 +415,7 @@ def pytest_runtest_call(item):
         clauses = load_catalogue().by_id()
         needs = list(marker.args) if marker else sorted({n for i in ids if i in clauses for n in clauses[i].exercise})
         found = verdict(counts, needs)
-        if found and found[0] == "fail" and "mtp_seed" in getattr(item, "funcargs", {}) and not item.stash.get(
-                STASH_XFAIL_UNEXERCISED, False):
+        if found and found[0] == "fail" and _takes_seed(item) and not item.stash.get(STASH_XFAIL_UNEXERCISED, False):
             counts, found = _redraw(item, backend, counts, found, needs)
         if found and found[0] == "skip":
             pytest.skip(found[1])
@@ -426,6 +425,14 @@ def pytest_runtest_call(item):
         if margin:
             item.user_properties.append((MARGIN_PROPERTY, json.dumps(margin)))
     return result
+
+
+def _takes_seed(item) -> bool:
+    """The test function asks for mtp_seed itself: a fixture built on the seed is not drawn again."""
+    import inspect
+
+    fn = getattr(item, "function", None)
+    return fn is not None and "mtp_seed" in inspect.signature(fn).parameters and "mtp_seed" in item.funcargs
 
 
 def _redraw(item, backend, counts: dict, found: tuple, needs: list[str]) -> tuple[dict, tuple | None]:

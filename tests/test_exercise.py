@@ -201,6 +201,26 @@ def test_a_dead_drafter_fails_at_both_seeds(tree):
         t["message"]
     # a test that does not take the seed would draw the same sample: not redrawn
     assert tests["test_greedy"]["outcome"] == "failed" and tests["test_greedy"]["exercise_redraw"] is None
+    # a fixture built on the seed is not drawn again: the test does not take the seed itself
+    tree.makepyfile(test_built='''
+import pytest
+from mtpcheck.contracts import GenerationRequest, SamplingParams
+
+
+@pytest.fixture
+def sample(mtp_backend, mtp_seed):
+    return mtp_backend.generate(GenerationRequest(
+        prompt_tokens=[1], max_tokens=8, sampling=SamplingParams(temperature=1.0, seed=mtp_seed),
+        speculation={"mode": "native_mtp", "num_draft_tokens": 3}))
+
+
+@pytest.mark.contract("GREEDY-EQUIV")
+def test_built(sample):
+    assert sample.tokens
+''')
+    _, data = run(tree, "seeded", "test_built.py")
+    t = next(iter(data["tests"].values()))
+    assert t["outcome"] == "failed" and t["exercise_redraw"] is None, t
     # a line pinned exercise=none documents the unexercised sample: not redrawn, xfailed
     (tree.path / "pinned.txt").write_text("test_seeded.py::test_seeded  exercise=none  # acceptance collapsed\n")
     result, data = run(tree, "seeded", "test_seeded.py", f"--mtp-xfails-file={tree.path / 'pinned.txt'}")
